@@ -1,0 +1,156 @@
+"""The collector thread: wakes at absolute deadlines and records a tick.
+
+Racket's sampler sleeps ``delay`` after each snapshot, so every tick's own cost and
+every late wake-up push the next one back.  Here ticks are scheduled against
+absolute deadlines: a tick that runs late is counted, and deadlines that passed
+entirely are counted as missed and skipped, never caught up with a burst.
+
+The collector is a real OS thread (also under gevent), waits on a real lock so that
+the controller can wake it at once (pause, resume, stop), and never lets an exception
+escape into the program: each is recorded and reported through the controller.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from typing import Optional
+
+from . import realthreads
+from .recorder import Recorder
+from .tracking import Tracker, collector_idents
+
+MAX_KEPT_ERRORS = 10
+
+
+class Collector:
+    """Scheduling state shared by the collector thread and the controller.
+
+    The controller changes ``paused``/``stopped``/``delay``/``tracker`` under
+    ``state_lock`` and then calls :meth:`wake`; the collector reads them at the top
+    of each turn of its loop.
+    """
+
+    def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
+        self.state_lock = realthreads.allocate_lock()
+        self._wake = realthreads.allocate_lock()
+        self._wake.acquire()  # held: acquire(timeout) below is an interruptible sleep
+        self._done = realthreads.allocate_lock()
+        self._done.acquire()  # released when the thread ends
+        self.tracker = tracker
+        self.delay = delay
+        self.recorder = recorder
+        self.paused = 0
+        self.stopped = False
+        self.ident: Optional[int] = None
+        # statistics (written by the collector thread only)
+        self.ticks = 0
+        self.late_ticks = 0
+        self.missed_ticks = 0
+        self.collector_cpu = 0.0
+        self.error_count = 0
+        self.errors: list[str] = []
+
+    # -- controller side -------------------------------------------------------
+    def start(self) -> None:
+        self.ident = realthreads.start_new_thread(self._main, ())
+
+    def wake(self) -> None:
+        try:
+            self._wake.release()
+        except RuntimeError:  # already awake
+            pass
+
+    def join(self, timeout: float) -> bool:
+        if self._done.acquire(timeout=timeout):
+            self._done.release()
+            return True
+        return False
+
+    def reset_after_fork(self) -> None:
+        """In a forked child the thread is gone and its locks may be held forever."""
+        self.state_lock = realthreads.allocate_lock()
+        self._wake = realthreads.allocate_lock()
+        self._wake.acquire()
+        self._done = realthreads.allocate_lock()
+        self.stopped = True
+        self.recorder.lock = realthreads.allocate_lock()
+        self.recorder.repair()
+
+    # -- the thread ------------------------------------------------------------
+    def _main(self) -> None:
+        collector_idents.add(realthreads.get_ident())
+        try:
+            self._loop()
+        except BaseException:  # never let anything reach the program
+            self._record_error()
+        finally:
+            collector_idents.discard(realthreads.get_ident())
+            self.collector_cpu = time.thread_time()
+            try:
+                self._done.release()
+            except RuntimeError:
+                pass
+
+    def _loop(self) -> None:
+        deadline: Optional[float] = None
+        perf_counter = time.perf_counter
+        while True:
+            with self.state_lock:
+                stopped, paused, delay, tracker = self.stopped, self.paused, self.delay, self.tracker
+            if stopped:
+                return
+            if paused:
+                self._wake.acquire()
+                deadline = None
+                continue
+            now = perf_counter()
+            if deadline is None:
+                deadline = now
+            elif now < deadline:
+                self._wake.acquire(timeout=deadline - now)
+                continue
+            lateness = now - deadline
+            if delay > 0:
+                if lateness > delay / 2:
+                    self.late_ticks += 1
+                if lateness >= delay:
+                    skipped = int(lateness // delay)
+                    self.missed_ticks += skipped
+                    deadline += skipped * delay
+            self._tick(tracker, now)
+            self.ticks += 1
+            deadline += delay
+            self.collector_cpu = time.thread_time()
+            if delay <= 0:
+                time.sleep(0) if not _gevent_patched_sleep() else _real_sleep(0)
+
+    def _tick(self, tracker: Tracker, now: float) -> None:
+        recorder = self.recorder
+        try:
+            frames = sys._current_frames()
+            targets = tracker.targets(frames)
+            del frames
+            with recorder.lock:
+                recorder.record_tick(targets, now)
+                if self.ticks % 256 == 255:
+                    recorder.forget_dead({t.key for t in targets})
+        except Exception:
+            self._record_error()
+            with recorder.lock:
+                recorder.repair()
+
+    def _record_error(self) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_KEPT_ERRORS:
+            self.errors.append(traceback.format_exc())
+
+
+def _gevent_patched_sleep() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return bool(monkey and monkey.is_module_patched("time"))
+
+
+def _real_sleep(seconds: float) -> None:
+    sys.modules["gevent.monkey"].get_original("time", "sleep")(seconds)

@@ -1,0 +1,298 @@
+"""The recorder: the collector's side of the snapshot store.
+
+The collector calls :meth:`Recorder.record_tick` with the tick's targets; it interns
+each stack as ``(code object, instruction offset)`` pairs (reading ``f_lineno`` costs
+about twice as much as walking the frame, so lines are resolved later, off the hot
+path) and appends one row to compact columns.  :meth:`Recorder.snapshot` freezes a
+consistent copy into a :class:`~sampler.snapshot.Snapshots`, resolving lines then.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from types import CodeType, FrameType
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+from . import realthreads
+from .clocks import thread_cpu_reader
+from .marks import frame_marks
+from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, ThreadInfo
+from .tracking import Target
+
+_MAX_DELTA = OVERFLOW - 1
+
+
+class _Context:
+    """Per thread/greenlet state between ticks."""
+
+    __slots__ = ("id", "wall_us", "cpu_us", "read_cpu", "running", "kind", "ident")
+
+    def __init__(self, cid: int, wall_us: int, cpu_us: int, read_cpu: Callable[[], Optional[float]],
+                 kind: str, ident: Optional[int]) -> None:
+        self.id = cid
+        self.wall_us = wall_us
+        self.cpu_us = cpu_us
+        self.read_cpu = read_cpu
+        self.running = True
+        self.kind = kind
+        self.ident = ident
+
+
+def _line_of(code: CodeType, lasti: int) -> Optional[int]:
+    if lasti < 0:
+        return code.co_firstlineno
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return line
+    return None
+
+
+def _cpu_reader_for(target: Target) -> Callable[[], Optional[float]]:
+    native_id = target.native_id
+    if native_id is None and target.ident is not None:
+        owner = getattr(threading, "_active", {}).get(target.ident)
+        native_id = getattr(owner, "native_id", None)
+        if native_id is None and target.ident == realthreads.get_ident():
+            native_id = realthreads.get_native_id()
+    return thread_cpu_reader(native_id, target.ident)
+
+
+class Recorder:
+    """Interned frames and stacks plus the sample columns of one sampler run."""
+
+    def __init__(self, custom_keys: Sequence[Any], start: float) -> None:
+        self.lock = realthreads.allocate_lock()
+        self.custom_keys = tuple(custom_keys)
+        self._key_index = {k: i for i, k in enumerate(self.custom_keys)}
+        self.start = start  # perf_counter() at the start of the run
+        # interning
+        self._frame_ids: dict[tuple[CodeType, int], int] = {}
+        self._raw_frames: list[tuple[CodeType, int]] = []
+        self._resolved: list[Frame] = []
+        self._stack_ids: dict[tuple, int] = {}
+        self._trie: dict[tuple[int, int], int] = {}
+        self.stack_frame = array("I", [0])
+        self.stack_parent = array("I", [0])
+        self._mark_ids: dict[tuple, int] = {(): 0}
+        self._mark_sets: list[tuple] = [()]
+        # contexts and samples
+        self._contexts: dict[Hashable, _Context] = {}
+        self.threads: list[ThreadInfo] = []
+        self.sample_thread = array("I")
+        self.sample_stack = array("I")
+        self.sample_wall = array("I")
+        self.sample_cpu = array("I")
+        self.sample_marks: Optional[array] = array("I") if self.custom_keys else None
+        self.wall_overflow: dict[int, int] = {}
+        self.cpu_overflow: dict[int, int] = {}
+
+    # -- hot path --------------------------------------------------------------
+    def record_tick(self, targets: list[Target], now: float) -> None:
+        """Append one sample per running target (called with ``self.lock`` held)."""
+        wall_us = int((now - self.start) * 1e6)
+        contexts = self._contexts
+        stack_ids = self._stack_ids
+        want_marks = self.sample_marks is not None
+        for target in targets:
+            ctx = contexts.get(target.key)
+            frame = target.frame
+            if frame is None:
+                # A greenlet that is not running: close its interval once.
+                if ctx is not None and ctx.running:
+                    cpu = ctx.read_cpu()
+                    if cpu is not None:
+                        self._append(ctx, 0, wall_us, int(cpu * 1e6), 0)
+                    ctx.running = False
+                continue
+            if ctx is None:
+                read_cpu = _cpu_reader_for(target)
+                cpu = read_cpu()
+                if cpu is None and target.native_id is not None:
+                    continue  # exited just now
+                cpu_us = int((cpu or 0.0) * 1e6)
+                ctx = self._new_context(target, read_cpu, wall_us, cpu_us)
+            else:
+                cpu = ctx.read_cpu()
+                if cpu is None and target.kind == "thread" and target.native_id is not None:
+                    continue  # exited between the frame lookup and the clock read
+                cpu_us = int(cpu * 1e6) if cpu is not None else ctx.cpu_us
+            ctx.running = True
+            key: list[Any] = []
+            append = key.append
+            marks: list[tuple] = []
+            f = frame
+            while f is not None:
+                # ids, not code objects: hashing a code object is slow, and every
+                # id in a key belongs to a code object kept alive in _raw_frames.
+                append(id(f.f_code))
+                append(f.f_lasti)
+                if want_marks:
+                    entries = frame_marks.get(f)
+                    if entries:
+                        marks.extend(self._mark_entry(k, v) for k, v in reversed(entries)
+                                     if k in self._key_index)
+                f = f.f_back
+            tkey = tuple(key)
+            sid = stack_ids.get(tkey)
+            if sid is None:
+                sid = self._intern_stack(tkey, frame)
+            mid = 0
+            if marks:
+                mset = tuple(marks)
+                mid = self._mark_ids.get(mset, -1)
+                if mid < 0:
+                    mid = self._mark_ids[mset] = len(self._mark_sets)
+                    self._mark_sets.append(mset)
+            self._append(ctx, sid, wall_us, cpu_us, mid)
+
+    def _append(self, ctx: _Context, sid: int, wall_us: int, cpu_us: int, mid: int) -> None:
+        index = len(self.sample_thread)
+        dw = wall_us - ctx.wall_us
+        dc = cpu_us - ctx.cpu_us
+        if dc < 0:  # a clock that went back (should not happen): never store a negative
+            dc = 0
+            cpu_us = ctx.cpu_us
+        if dw < 0:
+            dw = 0
+            wall_us = ctx.wall_us
+        ctx.wall_us = wall_us
+        ctx.cpu_us = cpu_us
+        if dw > _MAX_DELTA:
+            self.wall_overflow[index] = dw
+            dw = OVERFLOW
+        if dc > _MAX_DELTA:
+            self.cpu_overflow[index] = dc
+            dc = OVERFLOW
+        # Columns are appended in one order; snapshot() trims to the shortest.
+        self.sample_stack.append(sid)
+        self.sample_wall.append(dw)
+        self.sample_cpu.append(dc)
+        if self.sample_marks is not None:
+            self.sample_marks.append(mid)
+        self.sample_thread.append(ctx.id)
+
+    def _mark_entry(self, key: Hashable, value: Any) -> tuple:
+        entry: list[Any] = [None] * len(self.custom_keys)
+        entry[self._key_index[key]] = value
+        return tuple(entry)
+
+    def _new_context(self, target: Target, read_cpu: Callable[[], Optional[float]],
+                     wall_us: int, cpu_us: int) -> _Context:
+        cid = len(self.threads)
+        self.threads.append(ThreadInfo(cid, target.name, target.native_id, target.kind, 0,
+                                       wall_us / 1e6, cpu_us / 1e6))
+        ctx = _Context(cid, wall_us, cpu_us, read_cpu, target.kind, target.ident)
+        self._contexts[target.key] = ctx
+        return ctx
+
+    def _intern_stack(self, tkey: tuple, frame: FrameType) -> int:
+        """Intern a stack not seen before (the slow path).
+
+        The walk is done again to get the code objects; should the thread have
+        moved meanwhile (the GIL can switch during a walk), the stack interned is
+        the one seen now, filed under its own key.
+        """
+        pairs = []
+        f: Optional[FrameType] = frame
+        while f is not None:
+            pairs.append((f.f_code, f.f_lasti))
+            f = f.f_back
+        key = tuple(x for code, lasti in pairs for x in (id(code), lasti))
+        known = self._stack_ids.get(key)
+        if known is not None:
+            return known
+        frame_ids = self._frame_ids
+        sid = 0
+        for pair in reversed(pairs):  # outermost first
+            fid = frame_ids.get(pair)
+            if fid is None:
+                fid = len(self._raw_frames)
+                self._raw_frames.append(pair)
+                frame_ids[pair] = fid
+            child = self._trie.get((sid, fid))
+            if child is None:
+                child = len(self.stack_frame)
+                self.stack_parent.append(sid)
+                self.stack_frame.append(fid)
+                self._trie[(sid, fid)] = child
+            sid = child
+        self._stack_ids[key] = sid
+        return sid
+
+    def forget_dead(self, live_keys: set) -> None:
+        """Drop per-context state of contexts that have ended, so that a long run
+        seeing thousands of short threads does not keep their objects alive.  A
+        context that is merely untracked for a while keeps its id."""
+        for key in [k for k in self._contexts if k not in live_keys and _has_ended(k)]:
+            del self._contexts[key]
+
+    def repair(self) -> None:
+        """Trim the columns to a common length after an interrupted append."""
+        cols = [self.sample_thread, self.sample_stack, self.sample_wall, self.sample_cpu]
+        if self.sample_marks is not None:
+            cols.append(self.sample_marks)
+        n = min(len(c) for c in cols)
+        for c in cols:
+            del c[n:]
+        for ov in (self.wall_overflow, self.cpu_overflow):
+            for i in [i for i in ov if i >= n]:
+                del ov[i]
+        n_stacks = min(len(self.stack_frame), len(self.stack_parent))
+        del self.stack_frame[n_stacks:]
+        del self.stack_parent[n_stacks:]
+
+    # -- freezing ----------------------------------------------------------------
+    def _resolve_frames(self) -> list[Frame]:
+        raw = self._raw_frames
+        resolved = self._resolved
+        for code, lasti in raw[len(resolved):]:
+            resolved.append(Frame(getattr(code, "co_qualname", code.co_name), code.co_filename,
+                                  code.co_firstlineno, _line_of(code, lasti)))
+        return resolved
+
+    def snapshot(self, run: RunInfo) -> Snapshots:
+        """A frozen, consistent copy (call with ``self.lock`` held)."""
+        n = min(len(self.sample_thread), len(self.sample_stack), len(self.sample_wall),
+                len(self.sample_cpu),
+                len(self.sample_marks) if self.sample_marks is not None else len(self.sample_cpu))
+        n_stacks = min(len(self.stack_frame), len(self.stack_parent))
+        resolved = self._resolve_frames()
+        # Several instruction offsets can fall on one line: keep one Frame per value.
+        canonical: dict[Frame, int] = {}
+        frame_map = [canonical.setdefault(f, len(canonical)) for f in resolved]
+        frames = list(canonical)
+        stack_frame = array("I", (frame_map[f] if i else 0
+                                  for i, f in enumerate(self.stack_frame[:n_stacks])))
+        return Snapshots(
+            frames=frames,
+            stack_frame=stack_frame,
+            stack_parent=self.stack_parent[:n_stacks],
+            threads=self.threads[:],
+            sample_thread=self.sample_thread[:n],
+            sample_stack=self.sample_stack[:n],
+            sample_wall=self.sample_wall[:n],
+            sample_cpu=self.sample_cpu[:n],
+            sample_marks=None if self.sample_marks is None else self.sample_marks[:n],
+            wall_overflow={i: v for i, v in self.wall_overflow.items() if i < n},
+            cpu_overflow={i: v for i, v in self.cpu_overflow.items() if i < n},
+            mark_sets=self._mark_sets[:],
+            custom_keys=self.custom_keys,
+            runs=[run],
+        )
+
+    def custom_snapshots(self) -> list[tuple]:
+        """Racket's get-custom-snapshots: per sample, its mark vectors, oldest first."""
+        if self.sample_marks is None:
+            return [() for _ in range(len(self.sample_thread))]
+        sets = self._mark_sets
+        n = min(len(self.sample_thread), len(self.sample_marks))
+        return [sets[m] for m in self.sample_marks[:n]]
+
+
+def _has_ended(key: Hashable) -> bool:
+    if isinstance(key, threading.Thread):
+        return not key.is_alive()
+    if isinstance(key, tuple):
+        return True
+    return bool(getattr(key, "dead", True))

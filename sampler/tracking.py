@@ -1,0 +1,170 @@
+"""What to sample: validating ``to_track`` and finding, at each tick, the stacks of
+the threads and greenlets it names.
+
+``to_track`` is a ``threading.Thread``, a :class:`~sampler.groups.ThreadGroup`, a
+greenlet, :data:`ALL_THREADS`, or a (nested) list or tuple of them.  Each tick turns
+it into :class:`Target` values: one per live execution context, with its top frame
+taken from ``sys._current_frames()`` (whose keys are real OS thread idents).
+
+A greenlet runs inside one thread and is only on that thread's stack while it runs.
+When it is suspended its ``gr_frame`` chain ends at its own outermost frame; when it
+runs, the thread whose stack ends at that same frame is the one running it.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import FrameType
+from typing import Any, Hashable, Iterable, NamedTuple, Optional
+
+from .groups import ThreadGroup
+
+try:
+    import greenlet as _greenlet_module
+
+    _GreenletType: Optional[type] = _greenlet_module.greenlet
+except ImportError:  # pragma: no cover - greenlet is a dependency
+    _greenlet_module = None
+    _GreenletType = None
+
+
+class _AllThreads:
+    """Sentinel: every thread of the process, present and future."""
+
+    _instance: Optional["_AllThreads"] = None
+
+    def __new__(cls) -> "_AllThreads":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "sampler.ALL_THREADS"
+
+    def __reduce__(self) -> str:
+        return "ALL_THREADS"
+
+
+ALL_THREADS = _AllThreads()
+"""Track every thread of the process (but the samplers' own), present and future."""
+
+# Idents of every collector thread of every sampler: never sampled.
+collector_idents: set[int] = set()
+
+
+class Target(NamedTuple):
+    """One context to sample at this tick."""
+
+    key: Hashable  # identity across ticks
+    name: str
+    native_id: Optional[int]
+    ident: Optional[int]  # the OS thread it runs in
+    kind: str  # 'thread' or 'greenlet'
+    frame: Optional[FrameType]  # top frame; None for a greenlet that is not running
+
+
+def is_greenlet(obj: Any) -> bool:
+    return _GreenletType is not None and isinstance(obj, _GreenletType)
+
+
+def flatten(to_track: Any) -> tuple:
+    """Validate ``to_track`` and return its leaves, or raise ``TypeError`` naming the
+    first element that is not trackable (with its position in nested lists)."""
+    leaves: list[Any] = []
+
+    def walk(value: Any, path: str, depth: int) -> None:
+        if depth > 100:
+            raise TypeError(f"to_track is nested too deeply at {path}")
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", depth + 1)
+        elif isinstance(value, (threading.Thread, ThreadGroup, _AllThreads)) or is_greenlet(value):
+            leaves.append(value)
+        else:
+            where = f" at {path}" if path != "to_track" else ""
+            raise TypeError(
+                f"cannot track {value!r}{where}: expected a threading.Thread, a ThreadGroup, "
+                "a greenlet, sampler.ALL_THREADS, or a list of them"
+            )
+
+    walk(to_track, "to_track", 0)
+    return tuple(leaves)
+
+
+def _bottom(frame: Optional[FrameType]) -> Optional[FrameType]:
+    while frame is not None and frame.f_back is not None:
+        frame = frame.f_back
+    return frame
+
+
+class Tracker:
+    """Turns the tracked leaves into this tick's targets."""
+
+    def __init__(self, leaves: Iterable[Any]) -> None:
+        self.leaves = tuple(leaves)
+        self.all_threads = any(isinstance(x, _AllThreads) for x in self.leaves)
+        self.threads = [x for x in self.leaves if isinstance(x, threading.Thread)]
+        self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
+        self.greenlets = [x for x in self.leaves if is_greenlet(x)]
+        # greenlet -> [id of its outermost frame, ident of the thread it was seen in]
+        self._greenlet_places: dict[Any, list[Optional[int]]] = {}
+        current_ident = threading.get_ident()
+        for g in self.greenlets:
+            if _greenlet_module is not None and g is _greenlet_module.getcurrent():
+                import sys
+
+                bottom = _bottom(sys._getframe())
+                self._greenlet_places[g] = [id(bottom), current_ident]
+
+    def targets(self, frames: dict[int, FrameType]) -> list[Target]:
+        out: list[Target] = []
+        seen: set[int] = set()
+        if self.all_threads:
+            active = getattr(threading, "_active", {})
+            for ident, frame in frames.items():
+                if ident in collector_idents:
+                    continue
+                seen.add(ident)
+                t = active.get(ident)
+                if t is not None:
+                    out.append(Target(t, t.name, t.native_id, ident, "thread", frame))
+                else:
+                    out.append(Target(("ident", ident), f"thread {ident}", None, ident, "thread", frame))
+        else:
+            threads = list(self.threads)
+            for group in self.groups:
+                threads.extend(group.threads())
+            for t in threads:
+                ident = t.ident
+                if ident is None or ident in seen or ident in collector_idents:
+                    continue
+                frame = frames.get(ident)
+                if frame is None or not t.is_alive():
+                    continue
+                seen.add(ident)
+                out.append(Target(t, t.name, t.native_id, ident, "thread", frame))
+        for g in self.greenlets:
+            target = self._greenlet_target(g, frames)
+            if target is not None:
+                out.append(target)
+        return out
+
+    def _greenlet_target(self, g: Any, frames: dict[int, FrameType]) -> Optional[Target]:
+        if g.dead:
+            return None
+        place = self._greenlet_places.setdefault(g, [None, None])
+        name = f"greenlet {getattr(g, 'name', None) or hex(id(g))}"
+        suspended = g.gr_frame
+        if suspended is not None:
+            place[0] = id(_bottom(suspended))
+            return Target(g, name, None, place[1], "greenlet", None)
+        if not g or place[0] is None:
+            return None  # not started, or running before we ever saw where it lives
+        candidates = [place[1]] if place[1] in frames else []
+        candidates += [i for i in frames if i != place[1] and i not in collector_idents]
+        for ident in candidates:
+            frame = frames[ident]
+            if id(_bottom(frame)) == place[0]:
+                place[1] = ident
+                return Target(g, name, None, ident, "greenlet", frame)
+        return None

@@ -1,0 +1,248 @@
+"""The controller: every message of Racket's sampler, with real threads."""
+
+import math
+import threading
+import time
+
+import pytest
+
+import sampler
+from sampler import SamplerError, create_sampler
+
+from sampling_helpers import Worker, function_names, names_seen, spin, wait_until
+
+
+def hot_loop():
+    spin(0.01)
+
+
+def test_samples_a_running_thread_with_its_real_stack():
+    with Worker(hot_loop) as w:
+        with create_sampler(w.thread, 0.001) as ctl:
+            wait_until(lambda: len(ctl.get_snapshots()) >= 50, what="50 samples")
+        snaps = ctl("get-snapshots")
+    assert ctl.stopped
+    assert {t.name for t in snaps.threads} == {"worker"}
+    names = function_names(snaps, len(snaps) - 1)
+    assert "spin" in names and "hot_loop" in names and names[-1].endswith("_bootstrap")
+    # frames carry real files and lines: hot_loop's frame points into this file
+    frame = next(f for f in snaps.frames if f.name == "hot_loop")
+    assert frame.filename == __file__
+    assert frame.lineno == hot_loop.__code__.co_firstlineno + 1
+    run = snaps.runs[0]
+    assert run.ticks >= 50 and run.requested_delay == 0.001 and run.stopped
+    assert run.collector_cpu > 0 and run.achieved_rate > 0 and run.requested_rate == 1000.0
+
+
+def test_thread_cpu_time_follows_the_thread_not_the_clock():
+    idle = threading.Event()
+    sleeper = threading.Thread(target=idle.wait, name="sleeper")
+    with Worker(hot_loop, name="busy") as w:
+        sleeper.start()
+        with create_sampler([w.thread, sleeper], 0.002) as ctl:
+            wait_until(lambda: len(ctl.get_snapshots()) >= 60)
+        idle.set()
+        sleeper.join()
+    snaps = ctl.get_snapshots()
+    cpu_by_thread = {t.name: 0 for t in snaps.threads}
+    wall_by_thread = dict(cpu_by_thread)
+    deltas_cpu, deltas_wall = snaps.cpu_deltas(), snaps.wall_deltas()
+    for i, tid in enumerate(snaps.sample_thread):
+        cpu_by_thread[snaps.threads[tid].name] += deltas_cpu[i]
+        wall_by_thread[snaps.threads[tid].name] += deltas_wall[i]
+    assert wall_by_thread["sleeper"] > 0
+    # a thread blocked on an Event uses (almost) no CPU while the busy one uses plenty
+    assert cpu_by_thread["sleeper"] < cpu_by_thread["busy"] / 5
+
+
+def test_pause_and_resume_nest_and_stop_collecting():
+    with Worker(hot_loop) as w:
+        ctl = create_sampler(w.thread, 0.001)
+        wait_until(lambda: len(ctl.get_snapshots()) >= 5)
+        ctl("pause")
+        ctl("pause")
+        assert ctl.paused
+        time.sleep(0.05)
+        n = len(ctl.get_snapshots())
+        time.sleep(0.1)
+        assert len(ctl.get_snapshots()) == n
+        ctl("resume")
+        time.sleep(0.1)
+        assert len(ctl.get_snapshots()) == n, "one resume must not undo two pauses"
+        ctl("resume")
+        wait_until(lambda: len(ctl.get_snapshots()) > n + 5, what="sampling to restart")
+        with pytest.raises(SamplerError, match="without a matching 'pause'"):
+            ctl("resume")
+        ctl("stop")
+
+
+def test_process_cpu_time_counts_only_while_not_paused():
+    with Worker(hot_loop) as w:
+        ctl = create_sampler(w.thread, 0.005)
+        spin(0.1)
+        ctl.pause()
+        before = ctl.get_snapshots().runs[0]
+        spin(0.5)  # this thread and the worker burn CPU while paused
+        during = ctl.get_snapshots().runs[0]
+        ctl.resume()
+        ctl.stop()
+    assert during.process_cpu == pytest.approx(before.process_cpu, abs=0.02)
+    assert during.sampling_wall == pytest.approx(before.sampling_wall, abs=0.02)
+    assert ctl.get_snapshots().runs[0].duration >= during.sampling_wall + 0.4
+
+
+def test_stop_is_idempotent_and_final():
+    with Worker(hot_loop) as w:
+        ctl = create_sampler(w.thread, 0.001)
+        wait_until(lambda: len(ctl.get_snapshots()) >= 3)
+        ctl("stop")
+        ctl("stop")
+        n = len(ctl.get_snapshots())
+        time.sleep(0.05)
+        assert len(ctl.get_snapshots()) == n
+        ctl("pause")
+        ctl("resume")
+        time.sleep(0.05)
+        assert len(ctl.get_snapshots()) == n, "nothing restarts a stopped sampler"
+    assert ctl.get_snapshots() == ctl.get_snapshots()
+
+
+def test_set_tracked_switches_threads_and_number_sets_delay():
+    def in_a():
+        spin(0.01)
+
+    def in_b():
+        spin(0.01)
+
+    with Worker(in_a, "a") as a, Worker(in_b, "b") as b:
+        ctl = create_sampler(a.thread, 0.002)
+        wait_until(lambda: len(ctl.get_snapshots()) >= 5)
+        ctl("set-tracked!", [b.thread])
+        n = len(ctl.get_snapshots())
+        wait_until(lambda: len(ctl.get_snapshots()) >= n + 5)
+        ctl("set-tracked!", 0.004)
+        assert ctl.delay == 0.004
+        ctl("set-delay!", 0.003)
+        assert ctl.delay == 0.003
+        ctl("stop")
+    snaps = ctl.get_snapshots()
+    names = [snaps.threads[t].name for t in snaps.sample_thread]
+    first_b = names.index("b")
+    assert set(names[:first_b]) == {"a"}
+    assert "a" not in names[first_b + 2:], "after set-tracked! only b is sampled"
+    assert snaps.runs[0].requested_delay == 0.003
+
+
+def test_get_snapshots_is_consistent_while_the_collector_writes():
+    with Worker(hot_loop) as w:
+        ctl = create_sampler(w.thread, 0)
+        values = []
+        for _ in range(30):
+            values.append(ctl.get_snapshots())  # validate() runs in the constructor
+        ctl.stop()
+    lengths = [len(v) for v in values]
+    assert lengths == sorted(lengths) and lengths[-1] > lengths[0]
+    # an earlier value is a prefix of a later one
+    a, b = values[5], values[-1]
+    assert [b.stack_frames(s) for s in b.sample_stack[: len(a)]] == [
+        a.stack_frames(s) for s in a.sample_stack
+    ]
+
+
+@pytest.mark.parametrize(
+    "message, arg, error, text",
+    [
+        ("frobnicate", None, ValueError, "valid messages: pause, resume, stop"),
+        ("set-delay!", -1, ValueError, ">= 0"),
+        ("set-delay!", "fast", TypeError, "real number"),
+        ("set-delay!", math.nan, ValueError, "finite"),
+        ("set-tracked!", "main", TypeError, "cannot track 'main'"),
+        ("set-tracked!", [threading.main_thread(), [42]], TypeError, r"at to_track\[1\]\[0\]"),
+    ],
+)
+def test_bad_messages_and_arguments_name_the_culprit(message, arg, error, text):
+    with create_sampler([], 0.01) as ctl:
+        with pytest.raises(error, match=text):
+            if arg is None:
+                ctl(message)
+            else:
+                ctl(message, arg)
+        assert not ctl.errors
+
+
+def test_argument_count_is_checked():
+    with create_sampler([], 0.01) as ctl:
+        with pytest.raises(TypeError, match="needs an argument"):
+            ctl("set-delay!")
+        with pytest.raises(TypeError, match="takes no argument"):
+            ctl("pause", 1)
+        with pytest.raises(ValueError, match="unknown sampler message"):
+            ctl(42)
+
+
+@pytest.mark.parametrize(
+    "args, error, text",
+    [
+        ((object(), 0.01), TypeError, "cannot track <object"),
+        (([threading.main_thread(), "x"], 0.01), TypeError, r"to_track\[1\]"),
+        (([], -0.5), ValueError, ">= 0"),
+        (([], "1ms"), TypeError, "real number"),
+        (([], True), TypeError, "bool"),
+        (([], 0.01, "key"), TypeError, "custom_keys must be a list"),
+        (([], 0.01, [["unhashable"]]), TypeError, r"custom_keys\[0\] must be hashable"),
+    ],
+)
+def test_create_sampler_validates_before_starting_a_thread(args, error, text):
+    before = threading.active_count()
+    import sys
+
+    frames_before = set(sys._current_frames())
+    with pytest.raises(error, match=text):
+        create_sampler(*args)
+    assert set(sys._current_frames()) <= frames_before
+    assert threading.active_count() == before
+
+
+def test_use_errortrace_is_refused_clearly():
+    with pytest.raises(NotImplementedError, match="use_errortrace"):
+        create_sampler([], 0.01, use_errortrace=True)
+
+
+def test_lowers_the_switch_interval_only_while_sampling():
+    import sys
+
+    original = sys.getswitchinterval()
+    with Worker(hot_loop) as w:
+        ctl = create_sampler(w.thread, 0.001)
+        assert sys.getswitchinterval() < 0.001
+        ctl.pause()
+        assert sys.getswitchinterval() == original
+        ctl.resume()
+        assert sys.getswitchinterval() < 0.001
+        ctl.stop()
+    assert sys.getswitchinterval() == original
+    slow = create_sampler([], 0.05)
+    assert sys.getswitchinterval() == original
+    slow.stop()
+
+
+def test_all_threads_tracks_present_and_future_threads_but_not_samplers():
+    with create_sampler(sampler.ALL_THREADS, 0.002) as ctl:
+        other = create_sampler([], 0.01)
+        with Worker(hot_loop, "late-comer"):
+            wait_until(lambda: "late-comer" in {t.name for t in ctl.get_snapshots().threads})
+        other.stop()
+    snaps = ctl.get_snapshots()
+    names = {t.name for t in snaps.threads}
+    assert "MainThread" in names and "late-comer" in names
+    assert "_loop" not in names_seen(snaps), "a collector never samples itself or another"
+
+
+def test_methods_and_repr():
+    ctl = create_sampler([], 0.01)
+    assert "sampling" in repr(ctl)
+    ctl.pause()
+    assert "paused" in repr(ctl)
+    ctl.stop()
+    assert "stopped" in repr(ctl)
+    assert ctl("get-custom-snapshots") == [] and ctl("get-errors") == []

@@ -1,0 +1,135 @@
+"""Greenlets and gevent, for real: the collector is an OS thread, a greenlet is
+sampled only while it runs."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import greenlet
+import pytest
+
+from sampler import create_sampler
+
+from sampling_helpers import spin, wait_until
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_tracked_greenlet_is_sampled_only_while_it_runs():
+    def tracked_work():
+        for _ in range(20):
+            spin(0.004)
+            main.switch()
+
+    def other_work():
+        for _ in range(20):
+            spin(0.004)
+            main.switch()
+
+    main = greenlet.getcurrent()
+    tracked = greenlet.greenlet(tracked_work)
+    other = greenlet.greenlet(other_work)
+    tracked.switch()  # start it, so that the sampler sees where it lives
+    ctl = create_sampler(tracked, 0.0005)
+    while not tracked.dead:
+        tracked.switch()
+        if not other.dead:
+            other.switch()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    assert len(snaps) > 20
+    assert {t.kind for t in snaps.threads} == {"greenlet"}
+    seen = set()
+    for sid in snaps.sample_stack:
+        names = [f.name for f in snaps.stack_frames(sid)]
+        seen.update(names)
+        assert "other_work" not in names
+        if names:
+            assert names[-1].endswith("tracked_work"), "a greenlet's stack ends at its own run"
+    assert any(n.endswith("tracked_work") for n in seen)
+    # while it was switched out, idle markers (stack 0) closed its intervals
+    assert 0 in set(snaps.sample_stack)
+
+
+def test_tracking_the_current_greenlet_from_inside_it():
+    def body():
+        ctl = create_sampler(greenlet.getcurrent(), 0.001)
+        spin(0.1)
+        ctl.stop()
+        return ctl.get_snapshots()
+
+    snaps = greenlet.greenlet(body).switch()
+    assert len(snaps) > 10
+    assert any(f.name.endswith("body") for f in snaps.frames)
+
+
+def test_a_dead_or_unstarted_greenlet_is_simply_not_sampled():
+    g = greenlet.greenlet(lambda: None)
+    ctl = create_sampler(g, 0.001)
+    spin(0.02)
+    g.switch()
+    spin(0.02)
+    ctl.stop()
+    assert len(ctl.get_snapshots()) == 0 and ctl.errors == []
+
+
+def test_under_gevent_monkey_patching_the_collector_is_a_real_thread():
+    pytest.importorskip("gevent")
+    code = """
+        from gevent import monkey; monkey.patch_all()
+        import gevent, threading, time, sampler
+        from tests.sampling_helpers import spin
+
+        def cpu_greenlet():
+            spin(0.3)  # never yields: only a real OS thread can sample it
+
+        ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.002)
+        g = gevent.spawn(cpu_greenlet)
+        g2 = gevent.spawn(lambda: [gevent.sleep(0.01) for _ in range(5)])
+        gevent.joinall([g, g2])
+        ctl.stop()
+        snaps = ctl.get_snapshots()
+        names = set()
+        for sid in set(snaps.sample_stack):
+            names.update(f.name for f in snaps.stack_frames(sid))
+        assert "cpu_greenlet" in names, names
+        assert len(snaps) >= 50, len(snaps)
+        assert not ctl.errors, ctl.errors
+        print("ok", len(snaps))
+    """
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok")
+
+
+def test_under_gevent_a_tracked_greenlet_is_sampled():
+    pytest.importorskip("gevent")
+    code = """
+        from gevent import monkey; monkey.patch_all()
+        import gevent, sampler
+        from tests.sampling_helpers import spin
+
+        def handler(n):
+            for _ in range(n):
+                spin(0.01)
+                gevent.sleep(0)
+
+        watched = gevent.spawn(handler, 15)
+        other = gevent.spawn(handler, 15)
+        gevent.sleep(0)  # both start and yield once
+        ctl = sampler.create_sampler(watched, 0.001)
+        gevent.joinall([watched, other])
+        ctl.stop()
+        snaps = ctl.get_snapshots()
+        assert len(snaps) > 20, len(snaps)
+        assert len(snaps.threads) == 1 and snaps.threads[0].kind == "greenlet"
+        print("ok")
+    """
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr

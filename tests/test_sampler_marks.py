@@ -1,0 +1,102 @@
+"""Marks (Racket continuation marks) and custom keys, tied to their samples."""
+
+import threading
+
+import pytest
+
+from sampler import create_sampler, current_marks, mark
+
+from sampling_helpers import spin, wait_until
+
+
+def handle(request_id, seconds):
+    with mark("request", request_id):
+        spin(seconds)
+
+
+def test_each_sample_carries_the_marks_of_its_own_stack():
+    stop = threading.Event()
+
+    def serve(prefix):
+        n = 0
+        while not stop.is_set():
+            handle(f"{prefix}{n % 2}", 0.003)
+            n += 1
+
+    a = threading.Thread(target=serve, args=("a",), name="A")
+    b = threading.Thread(target=serve, args=("b",), name="B")
+    ctl = create_sampler([a, b], 0.001, ["request", "other"])
+    a.start()
+    b.start()
+    wait_until(lambda: len(ctl.get_snapshots()) >= 200)
+    stop.set()
+    a.join()
+    b.join()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    custom = ctl.get_custom_snapshots()
+    assert len(custom) == len(snaps)
+    marked = 0
+    for i in range(len(snaps)):
+        thread = snaps.threads[snaps.sample_thread[i]].name
+        marks = snaps.marks_of(i)
+        assert marks == custom[i]
+        names = [f.name for f in snaps.stack_frames(snaps.sample_stack[i])]
+        if marks:
+            marked += 1
+            assert len(marks) == 1
+            request, other = marks[0]
+            assert other is None
+            assert request[0] == thread.lower(), "a mark never leaks to another thread"
+            assert "handle" in names
+        else:
+            assert "spin" not in names
+    assert marked > len(snaps) / 2
+    assert snaps.custom_keys == ("request", "other")
+
+
+def test_nested_marks_innermost_first_and_decorator_and_generators():
+    @mark("phase", "decorated")
+    def decorated():
+        with mark("phase", "inner"):
+            with mark("user", 7):
+                return current_marks("phase"), current_marks("user")
+
+    assert decorated() == (["inner", "decorated"], [7])
+    assert current_marks("phase") == []
+
+    @mark("phase", "gen")
+    def gen():
+        yield current_marks("phase")
+        with mark("phase", "inside"):
+            yield current_marks("phase")
+
+    assert list(gen()) == [["gen"], ["inside", "gen"]]
+
+
+def test_marks_in_the_sample_when_sampled():
+    done = threading.Event()
+    ready = threading.Event()
+
+    def target():
+        with mark("k", "outer"):
+            with mark("unrelated", 1):
+                with mark("k", "inner"):
+                    ready.set()
+                    done.wait()
+
+    t = threading.Thread(target=target)
+    t.start()
+    ready.wait(10)
+    ctl = create_sampler(t, 0.001, ["k"])
+    wait_until(lambda: len(ctl.get_snapshots()) >= 3)
+    ctl.stop()
+    done.set()
+    t.join()
+    assert ctl.get_custom_snapshots()[-1] == (("inner",), ("outer",))
+
+
+def test_bad_mark_key():
+    with pytest.raises(TypeError, match="hashable"):
+        mark([], 1)
+    assert repr(mark("a", 1)) == "mark('a', 1)"
