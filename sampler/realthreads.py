@@ -41,3 +41,8 @@ def get_ident() -> int:
 
 def get_native_id() -> int:
     return _original("_thread", "get_native_id")()
+
+
+def sleep(seconds: float) -> None:
+    """Block the calling OS thread (never yielding to a gevent hub)."""
+    _original("time", "sleep")(seconds)

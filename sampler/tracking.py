@@ -106,15 +106,22 @@ class Tracker:
         self.threads = [x for x in self.leaves if isinstance(x, threading.Thread)]
         self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
         self.greenlets = [x for x in self.leaves if is_greenlet(x)]
-        # greenlet -> [id of its outermost frame, ident of the thread it was seen in]
-        self._greenlet_places: dict[Any, list[Optional[int]]] = {}
-        current_ident = threading.get_ident()
+        # greenlet -> [id of its outermost frame, ident of the thread it was seen
+        # in, code of its run function (known before it starts)]
+        self._greenlet_places: dict[Any, list[Any]] = {}
         for g in self.greenlets:
-            if _greenlet_module is not None and g is _greenlet_module.getcurrent():
-                import sys
+            self._learn_place(g, threading.get_ident())
 
-                bottom = _bottom(sys._getframe())
-                self._greenlet_places[g] = [id(bottom), current_ident]
+    def _learn_place(self, g: Any, current_ident: int) -> None:
+        """Find where ``g`` lives now, if that can be seen from here."""
+        place = self._greenlet_places.setdefault(g, [None, None, _run_code(g)])
+        if g.gr_frame is not None:
+            place[0] = id(_bottom(g.gr_frame))
+        elif _greenlet_module is not None and g is _greenlet_module.getcurrent():
+            import sys
+
+            place[0] = id(_bottom(sys._getframe()))
+            place[1] = current_ident
 
     def targets(self, frames: dict[int, FrameType]) -> list[Target]:
         out: list[Target] = []
@@ -152,19 +159,38 @@ class Tracker:
     def _greenlet_target(self, g: Any, frames: dict[int, FrameType]) -> Optional[Target]:
         if g.dead:
             return None
-        place = self._greenlet_places.setdefault(g, [None, None])
+        place = self._greenlet_places.setdefault(g, [None, None, _run_code(g)])
         name = f"greenlet {getattr(g, 'name', None) or hex(id(g))}"
         suspended = g.gr_frame
         if suspended is not None:
             place[0] = id(_bottom(suspended))
             return Target(g, name, None, place[1], "greenlet", None)
-        if not g or place[0] is None:
-            return None  # not started, or running before we ever saw where it lives
+        if not g:
+            return None  # not started yet
         candidates = [place[1]] if place[1] in frames else []
         candidates += [i for i in frames if i != place[1] and i not in collector_idents]
+        run_code = place[2] if place[0] is None else None
         for ident in candidates:
             frame = frames[ident]
-            if id(_bottom(frame)) == place[0]:
+            bottom = _bottom(frame)
+            if place[0] is None:
+                # Never seen switched out: the thread running a greenlet that starts
+                # in g's run function is running g, since g is running somewhere.
+                if run_code is None or bottom is None or bottom.f_code is not run_code:
+                    continue
+                place[0] = id(bottom)
+            if id(bottom) == place[0]:
                 place[1] = ident
                 return Target(g, name, None, ident, "greenlet", frame)
         return None
+
+
+def _run_code(g: Any) -> Any:
+    try:
+        run = g.run
+    except AttributeError:
+        return None
+    code = getattr(run, "__code__", None)
+    if code is None:
+        code = getattr(getattr(run, "__func__", None), "__code__", None)
+    return code

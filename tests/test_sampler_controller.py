@@ -136,9 +136,11 @@ def test_set_tracked_switches_threads_and_number_sets_delay():
 def test_get_snapshots_is_consistent_while_the_collector_writes():
     with Worker(hot_loop) as w:
         ctl = create_sampler(w.thread, 0)
+        wait_until(lambda: len(ctl.get_snapshots()) > 0)
         values = []
         for _ in range(30):
             values.append(ctl.get_snapshots())  # validate() runs in the constructor
+            time.sleep(0.002)
         ctl.stop()
     lengths = [len(v) for v in values]
     assert lengths == sorted(lengths) and lengths[-1] > lengths[0]

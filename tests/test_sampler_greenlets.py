@@ -65,6 +65,19 @@ def test_tracking_the_current_greenlet_from_inside_it():
     assert any(f.name.endswith("body") for f in snaps.frames)
 
 
+def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
+    def never_yields():
+        spin(0.2)
+
+    g = greenlet.greenlet(never_yields)
+    ctl = create_sampler(g, 0.001)
+    g.switch()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    assert len(snaps) > 10
+    assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
+
+
 def test_a_dead_or_unstarted_greenlet_is_simply_not_sampled():
     g = greenlet.greenlet(lambda: None)
     ctl = create_sampler(g, 0.001)
