@@ -239,6 +239,7 @@ class Sampler:
             stackshot=__version__, start_epoch=self._start_epoch, duration=end - self._start,
             sampling_wall=wall, process_cpu=cpu, requested_delay=delay, ticks=c.ticks,
             late_ticks=c.late_ticks, missed_ticks=c.missed_ticks,
+            torn_samples=self._recorder.torn_samples,
             achieved_rate=c.ticks / wall if wall > 0 else 0.0,
             requested_rate=1 / delay if delay > 0 else math.inf,
             collector_cpu=c.collector_cpu, custom_keys=self.custom_keys, stopped=c.stopped,

@@ -9,6 +9,7 @@ consistent copy into a :class:`~sampler.snapshot.Snapshots`, resolving lines the
 
 from __future__ import annotations
 
+import sys
 import threading
 from array import array
 from types import CodeType, FrameType
@@ -86,17 +87,25 @@ class Recorder:
         self.sample_marks: Optional[array] = array("I") if self.custom_keys else None
         self.wall_overflow: dict[int, int] = {}
         self.cpu_overflow: dict[int, int] = {}
+        self.torn_samples = 0
 
     # -- hot path --------------------------------------------------------------
-    def record_tick(self, targets: list[Target], now: float) -> None:
-        """Append one sample per running target (called with ``self.lock`` held)."""
+    def record_tick(self, targets: list[Target], now: float,
+                    current_frames: Callable[[], dict] = sys._current_frames) -> None:
+        """Append one sample per running target (called with ``self.lock`` held).
+
+        The GIL can change hands while the collector walks a stack, and the thread
+        walked may then move on, its frames returning and dropping their marks. So
+        after the walks, each thread must still be in the frame its walk started
+        from (then every caller read was live throughout, and stack and marks agree);
+        a thread that moved is walked again from where it is now, twice at most, and
+        otherwise counted in ``torn_samples`` instead of being recorded.
+        """
         wall_us = int((now - self.start) * 1e6)
-        contexts = self._contexts
-        stack_ids = self._stack_ids
-        want_marks = self.sample_marks is not None
+        walked = []
         for target in targets:
-            ctx = contexts.get(target.key)
             frame = target.frame
+            ctx = self._contexts.get(target.key)
             if frame is None:
                 # A greenlet that is not running: close its interval once.
                 if ctx is not None and ctx.running:
@@ -117,34 +126,59 @@ class Recorder:
                 if cpu is None and target.kind == "thread" and target.native_id is not None:
                     continue  # exited between the frame lookup and the clock read
                 cpu_us = int(cpu * 1e6) if cpu is not None else ctx.cpu_us
-            ctx.running = True
-            key: list[Any] = []
-            append = key.append
-            marks: list[tuple] = []
-            f = frame
-            while f is not None:
-                # ids, not code objects: hashing a code object is slow, and every
-                # id in a key belongs to a code object kept alive in _raw_frames.
-                append(id(f.f_code))
-                append(f.f_lasti)
-                if want_marks:
-                    entries = frame_marks.get(f)
-                    if entries:
-                        marks.extend(self._mark_entry(k, v) for k, v in reversed(entries)
-                                     if k in self._key_index)
-                f = f.f_back
-            tkey = tuple(key)
-            sid = stack_ids.get(tkey)
+            walked.append((target, ctx, cpu_us, frame) + self._walk(frame))
+        for attempt in range(3):
+            if not walked:
+                return
+            fresh = current_frames()
+            again = []
+            for target, ctx, cpu_us, frame, tkey, marks in walked:
+                now_at = fresh.get(target.ident)
+                if now_at is frame and self._store(ctx, tkey, frame, marks, wall_us, cpu_us):
+                    continue
+                if target.kind == "thread" and now_at is not None and attempt < 2:
+                    again.append((target, ctx, cpu_us, now_at) + self._walk(now_at))
+                else:
+                    self.torn_samples += 1
+            walked = again
+
+    def _walk(self, frame: FrameType) -> tuple[tuple, list]:
+        """The stack key (code ids and offsets, innermost first) and the marks."""
+        key: list[Any] = []
+        append = key.append
+        marks: list[tuple] = []
+        want_marks = self.sample_marks is not None
+        f: Optional[FrameType] = frame
+        while f is not None:
+            # ids, not code objects: hashing a code object is slow, and every id in
+            # a stored key belongs to a code object kept alive in _raw_frames.
+            append(id(f.f_code))
+            append(f.f_lasti)
+            if want_marks:
+                entries = frame_marks.get(f)
+                if entries:
+                    marks.extend(self._mark_entry(k, v) for k, v in reversed(entries)
+                                 if k in self._key_index)
+            f = f.f_back
+        return tuple(key), marks
+
+    def _store(self, ctx: _Context, tkey: tuple, frame: FrameType, marks: list,
+               wall_us: int, cpu_us: int) -> bool:
+        sid = self._stack_ids.get(tkey)
+        if sid is None:
+            sid = self._intern_stack(tkey, frame)
             if sid is None:
-                sid = self._intern_stack(tkey, frame)
-            mid = 0
-            if marks:
-                mset = tuple(marks)
-                mid = self._mark_ids.get(mset, -1)
-                if mid < 0:
-                    mid = self._mark_ids[mset] = len(self._mark_sets)
-                    self._mark_sets.append(mset)
-            self._append(ctx, sid, wall_us, cpu_us, mid)
+                return False
+        mid = 0
+        if marks:
+            mset = tuple(marks)
+            mid = self._mark_ids.get(mset, -1)
+            if mid < 0:
+                mid = self._mark_ids[mset] = len(self._mark_sets)
+                self._mark_sets.append(mset)
+        ctx.running = True
+        self._append(ctx, sid, wall_us, cpu_us, mid)
+        return True
 
     def _append(self, ctx: _Context, sid: int, wall_us: int, cpu_us: int, mid: int) -> None:
         index = len(self.sample_thread)
@@ -186,12 +220,11 @@ class Recorder:
         self._contexts[target.key] = ctx
         return ctx
 
-    def _intern_stack(self, tkey: tuple, frame: FrameType) -> int:
-        """Intern a stack not seen before (the slow path).
+    def _intern_stack(self, tkey: tuple, frame: FrameType) -> Optional[int]:
+        """Intern a stack not seen before (the slow path), or return None when the
+        thread moved since ``tkey`` was read.
 
-        The walk is done again to get the code objects; should the thread have
-        moved meanwhile (the GIL can switch during a walk), the stack interned is
-        the one seen now, filed under its own key.
+        The walk is done again to get the code objects themselves.
         """
         pairs = []
         f: Optional[FrameType] = frame
@@ -199,9 +232,8 @@ class Recorder:
             pairs.append((f.f_code, f.f_lasti))
             f = f.f_back
         key = tuple(x for code, lasti in pairs for x in (id(code), lasti))
-        known = self._stack_ids.get(key)
-        if known is not None:
-            return known
+        if key != tkey:
+            return None
         frame_ids = self._frame_ids
         sid = 0
         for pair in reversed(pairs):  # outermost first

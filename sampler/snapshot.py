@@ -88,6 +88,7 @@ class RunInfo:
     ticks: int = 0  # ticks taken
     late_ticks: int = 0  # ticks that ran more than half a delay after their deadline
     missed_ticks: int = 0  # deadlines skipped because a whole delay had passed
+    torn_samples: int = 0  # samples dropped: the thread moved while its stack was read
     achieved_rate: float = 0.0  # ticks per second while not paused
     requested_rate: float = 0.0  # 1 / requested_delay (inf for a delay of 0)
     collector_cpu: float = 0.0  # the collector thread's own CPU seconds
@@ -326,6 +327,17 @@ class Snapshots:
     def __repr__(self) -> str:
         return (f"<Snapshots v{FORMAT_VERSION}: {len(self)} samples, {len(self.threads)} threads, "
                 f"{len(self.stack_frame) - 1} stacks, {len(self.frames)} frames, {len(self.runs)} run(s)>")
+
+    # -- notebooks ---------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        from analyzer.exports.notebook import snapshots_html
+
+        return snapshots_html(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        from analyzer.exports.notebook import snapshots_pretty
+
+        snapshots_pretty(self, p, cycle)
 
     # -- files -----------------------------------------------------------------
     def save(self, path: Any) -> None:
