@@ -1,0 +1,149 @@
+"""IPython magics: ``%load_ext sampler``, then ``%sample`` / ``%%sample``.
+
+    %sample [options] STATEMENT        profile one line
+    %%sample [options]                 profile the cell
+
+Options:
+
+    -d SECONDS   delay between samples (default 0.001)
+    -t WHAT      what to sample: ``current`` (the thread running the code, default)
+                 or ``all`` (every thread of the process, present and future)
+    -w CLOCK     ``cpu`` (default) or ``wall``: how samples are weighted
+    -f SHOW      what to display: ``html`` (flame graph, default), ``text`` (Racket's
+                 report), ``none``
+    -o PATH      also write an export to PATH; its format comes from ``-e`` or from
+                 the file name (``.speedscope.json``, ``.pb.gz``, ``.pstats``, ``.html``,
+                 ``.collapsed.txt``)
+    -e FORMAT    the export format for ``-o`` (speedscope, collapsed, pstats, pprof, html)
+    -k KEY       record the marks of KEY (repeatable), as ``create_sampler``'s custom keys
+    -v NAME      store the snapshots in the variable NAME
+    -l SECONDS   show a live view, redrawn every SECONDS while the code runs
+
+The sampler package only collects; displaying is the analyzer's job, so this module
+imports ``analyzer`` and IPython only when the extension is loaded or a magic runs:
+``import sampler`` stays free of both.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+SHOW = ("html", "text", "none")
+
+
+def _export_format(path: str, given: Optional[str]) -> str:
+    from IPython.core.error import UsageError
+
+    from analyzer.exports import FORMATS, get_format
+
+    if given:
+        try:
+            return get_format(given).name
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    by_length = sorted(FORMATS.values(), key=lambda f: -len(f.extension))
+    for fmt in by_length:
+        if path.endswith(fmt.extension):
+            return fmt.name
+    simple = {".json": "speedscope", ".txt": "collapsed", ".prof": "pstats", ".gz": "pprof",
+              ".htm": "html"}
+    for ending, name in simple.items():
+        if path.endswith(ending):
+            return name
+    raise UsageError(f"cannot tell the export format of {path!r} from its name; "
+                     f"add -e with one of: {', '.join(sorted(FORMATS))}")
+
+
+def _magics_class() -> type:
+    """Build the magics class (IPython is imported here, not when ``sampler`` is)."""
+    from IPython.core.error import UsageError
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+    @magics_class
+    class SamplerMagics(Magics):
+        """The ``%sample`` line and cell magic (see the module docstring)."""
+
+        @line_cell_magic
+        def sample(self, line: str, cell: Optional[str] = None) -> None:
+            opts, statement = self.parse_options(line, "d:t:w:f:o:e:k:v:l:", list_all=True, posix=False)
+            code = cell if cell is not None else statement
+            if not code.strip():
+                raise UsageError("%sample needs a statement to run (or use %%sample on a cell)")
+            delay = self._number(opts, "d", None)
+            what = self._choice(opts, "t", "current", ("current", "all"))
+            clock = self._choice(opts, "w", "cpu", ("cpu", "wall"))
+            show = self._choice(opts, "f", "html", SHOW)
+            output = self._last(opts, "o")
+            export_as = _export_format(output, self._last(opts, "e")) if output else None
+            keys = list(opts.get("k", []))
+            var = self._last(opts, "v")
+            live_every = self._number(opts, "l", None)
+
+            import sampler
+
+            target = sampler.ALL_THREADS if what == "all" else threading.current_thread()
+            ctl = sampler.create_sampler(target, 0.001 if delay is None else delay, keys or None)
+            shell = self.shell
+            assert shell is not None  # a magic always runs inside a shell
+            live = None
+            try:
+                if live_every is not None:
+                    from analyzer.exports.notebook import LiveView
+
+                    live = LiveView(ctl, live_every, clock=clock)
+                shell.run_cell(code, store_history=False)
+            finally:
+                ctl("stop")
+                if live is not None:
+                    live.stop()
+            snaps = ctl("get-snapshots")
+            if var:
+                shell.user_ns[var] = snaps
+            if output and export_as:
+                from analyzer.exports import export
+
+                print(f"stackshot: wrote {export(snaps, export_as, output, clock=clock)} ({export_as})")
+            self._show(snaps, show, clock, shown_live=live is not None)
+
+        # -- helpers ----------------------------------------------------------------
+        def _show(self, snaps: Any, show: str, clock: str, shown_live: bool) -> None:
+            if show == "none" or (shown_live and show == "html"):
+                return
+            if show == "text":
+                from analyzer import analyze_samples, render_text
+
+                print(render_text(analyze_samples(snaps, weight=clock)), end="")
+                return
+            from IPython.display import HTML, display
+
+            from analyzer.exports.notebook import snapshots_html
+
+            display(HTML(snapshots_html(snaps, clock=clock)))
+
+        @staticmethod
+        def _last(opts: Any, key: str) -> Optional[str]:
+            values = opts.get(key)
+            return values[-1] if values else None
+
+        def _choice(self, opts: Any, key: str, default: str, valid: tuple) -> str:
+            value = self._last(opts, key) or default
+            if value not in valid:
+                raise UsageError(f"-{key} must be one of {', '.join(valid)}, not {value!r}")
+            return value
+
+        def _number(self, opts: Any, key: str, default: Optional[float]) -> Optional[float]:
+            value = self._last(opts, key)
+            if value is None:
+                return default
+            try:
+                return float(value)
+            except ValueError:
+                raise UsageError(f"-{key} takes a number of seconds, not {value!r}") from None
+
+    return SamplerMagics
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Called by ``%load_ext sampler`` (through ``sampler.load_ipython_extension``)."""
+    ipython.register_magics(_magics_class())
