@@ -1,0 +1,10 @@
+"""Renderers: a :class:`~analyzer.model.Profile` as text, Graphviz, ...
+
+Each renderer is a function of a profile and options that returns its output (a
+string) and also writes it to a file object when given one.
+"""
+
+from .dot import render_dot
+from .text import render_text
+
+__all__ = ["render_text", "render_dot"]

@@ -1,0 +1,88 @@
+"""What the renderers share: names, sources, percentages and Racket's hiding rule."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from ..model import UNITS, Node, Profile
+
+ORDERS = ("topological", "self", "total")
+
+
+def check_fraction(name: str, value: Any) -> float:
+    """A threshold such as ``hide_self``: a fraction of the total time, 0 to 1."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a fraction between 0 and 1 (0.01 is 1%), not {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, valid: Iterable[str]) -> str:
+    """``value`` if it is one of ``valid``; else a ``ValueError`` listing them."""
+    choices = tuple(valid)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+    return str(value)
+
+
+def format_source(src: Any, limit: Optional[int]) -> str:
+    """``src`` as text, keeping its end (the file name and line) when longer than ``limit``."""
+    if src is None:
+        return "(unknown source)"
+    text = str(src)
+    if limit is not None and len(text) > limit:
+        return "..." + text[len(text) - max(limit - 3, 1):]
+    return text
+
+
+def format_percent(part: float, whole: float) -> str:
+    """Racket's ``format-percent``: one decimal, and 0.0% when the whole is zero."""
+    return f"{(part / whole if whole else 0.0) * 100:.1f}%"
+
+
+def to_ms(profile: Profile, t: float) -> float:
+    """A time of ``profile`` in milliseconds, whatever its unit."""
+    return t * UNITS[profile.unit] * 1000.0
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds for people: whole above 100 ms, with a decimal below."""
+    if abs(ms) >= 100:
+        return f"{ms:,.0f}ms"
+    return f"{ms:.1f}ms"
+
+
+def hidden_nodes(profile: Profile, hide_self: float, hide_subs: float) -> set[Node]:
+    """Racket's ``get-hidden``: the nodes negligible in *every* listing.
+
+    A node is hidden when its self time is at most ``hide_self`` of the total, and in
+    every other node's caller and callee list it appears with a local share of at most
+    ``hide_subs``.  A visible node's row for a hidden node is thus negligible too; the
+    renderers drop such rows, so no row ever names a node that has no entry.
+    """
+    if hide_self <= 0 and hide_subs <= 0:
+        return set()
+    total = profile.total_time
+    if not total:
+        return set(profile.nodes)
+    hidden = set()
+    for n in profile.nodes:
+        if n.self / total > hide_self:
+            continue
+        if any(e.caller_time > hide_subs * e.callee.total for e in n.callees if not e.callee.is_root):
+            continue
+        if any(e.callee_time > hide_subs * e.caller.total for e in n.callers if not e.caller.is_root):
+            continue
+        hidden.add(n)
+    return hidden
+
+
+def ordered_nodes(profile: Profile, order: str) -> list[Node]:
+    """``profile.nodes`` in the requested order (``'topological'`` keeps the analyzer's)."""
+    nodes = list(profile.nodes)
+    if order == "self":
+        nodes.sort(key=lambda n: -n.self)
+    elif order == "total":
+        nodes.sort(key=lambda n: -n.total)
+    return nodes

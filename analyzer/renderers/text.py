@@ -1,0 +1,163 @@
+"""The text renderer, in the layout of Racket's ``profile/render-text``.
+
+A header (time observed "out of" the process CPU time, the number of samples and
+how often they came, the threads, what was hidden), then one block per node::
+
+                                         caller [3]            12.5%   <- callers,
+                                         caller [1]            87.5%      heaviest last
+     [2]  40.0(50.0%)  10.0(12.5%)  node src/file.py:12                <- the node
+                                         callee [4]            75.0%   <- callees,
+                                         callee [5]            25.0%      heaviest first
+
+A caller row's Local% is the share of this node's time spent when called from that
+caller; a callee row's, the share of this node's time spent in that callee.  Rows
+for the ``*`` root (a thread's entry, a sample's innermost end) are not listed: the
+root has no entry of its own.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Optional
+
+from ..model import Profile
+from .common import (
+    ORDERS, check_choice, check_fraction, format_ms, format_percent, format_source, hidden_nodes,
+    ordered_nodes, to_ms,
+)
+
+_THREADS_LISTED = 8  # the header names this many threads, heaviest first
+_NAME_CAP = 60  # the Local% column waits for names up to this long; longer ones push it
+
+
+def render_text(
+    profile: Profile,
+    file: Optional[IO[str]] = None,
+    *,
+    order: str = "topological",
+    truncate_source: Optional[int] = 50,
+    hide_self: float = 0.01,
+    hide_subs: float = 0.02,
+) -> str:
+    """Racket's text report of ``profile``; returned, and also written to ``file`` if given.
+
+    ``order``: ``'topological'`` (callers before callees, as analysed), ``'self'`` or
+    ``'total'`` (heaviest first).  ``truncate_source``: keep at most this many
+    characters of a source location (its end), ``None`` for all.  ``hide_self`` /
+    ``hide_subs``: fractions (0.01 is 1%); a node is hidden only when its self time is
+    at most ``hide_self`` of the total *and* it is at most ``hide_subs`` of every
+    caller's and callee's time, so what is left never refers to a hidden node.
+    """
+    if not isinstance(profile, Profile):
+        raise TypeError(f"render_text() takes a Profile, not {type(profile).__name__}")
+    check_choice("order", order, ORDERS)
+    hide_self = check_fraction("hide_self", hide_self)
+    hide_subs = check_fraction("hide_subs", hide_subs)
+    if truncate_source is not None and (isinstance(truncate_source, bool)
+                                        or not isinstance(truncate_source, int)
+                                        or truncate_source < 4):
+        raise ValueError(f"truncate_source must be an integer of at least 4, or None, "
+                         f"not {truncate_source!r}")
+    text = _render(profile, order, truncate_source, hide_self, hide_subs)
+    if file is not None:
+        file.write(text)
+    return text
+
+
+def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: float,
+            hide_subs: float) -> str:
+    out: list[str] = []
+    hidden = hidden_nodes(profile, hide_self, hide_subs)
+    shown = [n for n in ordered_nodes(profile, order) if n not in hidden]
+    out.extend(_header(profile, len(hidden), hide_self, hide_subs))
+    if not profile.sample_number and not profile.nodes:
+        out.append("")
+        out.append("  (no samples)")
+        return "\n".join(out) + "\n"
+    if not shown:
+        out.append("")
+        out.append("  (every function is hidden: lower hide_self / hide_subs to see them)")
+        return "\n".join(out) + "\n"
+
+    index = {n: i for i, n in enumerate(shown, 1)}
+    labels = {n: f"{n.name} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
+    total = profile.total_time
+    digits = _digits(to_ms(profile, total))
+    ms = to_ms(profile, 1.0)
+
+    def timing(t: float) -> str:
+        return f"{t * ms:,.{digits}f}({format_percent(t, total)})"
+
+    rows = [(f"[{index[n]}]", timing(n.total), timing(n.self)) for n in shown]
+    idx_w = max(3, *(len(r[0]) for r in rows))
+    tot_w = max(len("Total"), *(len(r[1]) for r in rows))
+    self_w = max(len("Self"), *(len(r[2]) for r in rows))
+    lead = 1 + idx_w + 1 + tot_w + 2 + self_w + 2  # where the name column starts
+    sub_indent = " " * (lead + 2)
+    # wide enough for every label up to the cap; a longer one pushes only its own
+    # percentage right, still two spaces clear of it
+    name_w = min(_NAME_CAP, max(len("Name+src"), *map(len, labels.values())))
+    pct_w = 7  # "100.0%" and a space
+    width = max(lead + 2 + name_w + 2 + pct_w, 60)
+
+    out.append("")
+    out.append("=" * width)
+    out.append(sub_indent + "Caller")
+    out.append(f" {'Idx':<{idx_w}} {'Total':>{tot_w}}  {'Self':>{self_w}}  "
+               f"{'Name+src':<{name_w + 4}}" + f"{'Local%':>{pct_w}}")
+    unit = "ms(pct)"
+    out.append(f" {'':<{idx_w}} {unit:>{tot_w}}  {unit:>{self_w}}    Callee")
+    out.append("=" * width)
+    rule = "-" * width
+    for k, (n, (idx, tot, slf)) in enumerate(zip(shown, rows)):
+        if k:
+            out.append(rule)
+        whole = n.total or 1.0  # a node with no time has no time on any edge either
+        for e in reversed(n.callers):  # heaviest last: right above the node
+            label = labels.get(e.caller)
+            if label is not None:
+                out.append(f"{sub_indent}{label:<{name_w}}  {e.caller_time / whole * 100:>6.1f}%")
+        out.append(f" {idx:<{idx_w}} {tot:>{tot_w}}  {slf:>{self_w}}  "
+                   f"{n.name} {format_source(n.src, truncate)}")
+        for e in n.callees:  # heaviest first: right below the node
+            label = labels.get(e.callee)
+            if label is not None:
+                out.append(f"{sub_indent}{label:<{name_w}}  {e.callee_time / whole * 100:>6.1f}%")
+    out.append("=" * width)
+    return "\n".join(out) + "\n"
+
+
+def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float) -> list[str]:
+    total_ms = to_ms(profile, profile.total_time)
+    cpu_ms = to_ms(profile, profile.cpu_time)
+    lines = ["Profiling results", "-----------------"]
+    if profile.weight == "wall":
+        lines.append(f"  Total wall time observed: {format_ms(total_ms)} "
+                     f"(out of {format_ms(cpu_ms)} process cpu time)")
+    else:
+        lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
+    n = profile.sample_number
+    every = f" (once every {format_ms(total_ms / n)})" if n else ""
+    lines.append(f"  Number of samples taken: {n}{every}")
+    threads = profile.thread_times
+    if len(threads) > 1:
+        parts = []
+        heaviest = sorted(threads.items(), key=lambda tv: -tv[1])
+        for t, v in heaviest[:_THREADS_LISTED]:
+            name = profile.thread_names.get(t)
+            who = f"{name} ({t})" if name else f"{t}"
+            parts.append(f"{who} {format_ms(to_ms(profile, v))}")
+        if len(threads) > _THREADS_LISTED:
+            parts.append(f"and {len(threads) - _THREADS_LISTED} more")
+        lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
+    if n_hidden:
+        lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
+                     f"local<={hide_subs * 100:.1f}%: {n_hidden} of {len(profile.nodes)} hidden)")
+    return lines
+
+
+def _digits(total_ms: float) -> int:
+    """Decimals for the whole table: whole milliseconds like Racket, unless that hides all."""
+    if total_ms >= 100:
+        return 0
+    return 1 if total_ms >= 1 else 3
+

@@ -1,0 +1,303 @@
+"""analyze_samples on sampler snapshots: weights, balance, options, marks, aggregation."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+import pytest
+
+import analyzer
+import analyzer.analyze as analyze_module
+from analyzer import analyze_by_mark, analyze_samples, sample_weights
+from sampler.snapshot import Frame
+from snapshot_builders import snapshots
+from analyzer_helpers import assert_balanced, close, random_rows
+
+
+def reference(rows, interval="midpoint", keep=lambda row: True):
+    """Racket's analysis done naively, sample by sample, for comparison.
+
+    ``rows`` as for ``snapshots()``; returns plain dicts keyed by function name.
+    Weights come from the whole thread; then only rows that ``keep`` accepts count.
+    """
+    by_thread = defaultdict(list)
+    for r in rows:
+        by_thread[r[0]].append((r[1], r[3] if keep(r) else []))
+    total = 0.0
+    node_total, node_self = Counter(), Counter()
+    edge_total, caller_t, callee_t = Counter(), Counter(), Counter()
+    threads = {}
+    for tid, seq in by_thread.items():
+        times = [t for t, _ in seq]
+        n = len(times)
+        if n < 2:
+            weights = [0.0] * n
+        elif interval == "end":
+            weights = [0.0] + [times[i] - times[i - 1] for i in range(1, n)]
+        else:
+            weights = ([times[1] - times[0]]
+                       + [(times[i + 1] - times[i - 1]) / 2 for i in range(1, n - 1)]
+                       + [times[-1] - times[-2]])
+        threads[tid] = 0.0
+        for (t, stack), w in zip(seq, weights):
+            if not stack or n < 2:
+                continue
+            total += w
+            threads[tid] += w
+            counts = Counter(stack)
+            for f in counts:
+                node_total[f] += w
+            node_self[stack[0]] += w
+            pairs = [("*", stack[-1])] + [(stack[i + 1], stack[i]) for i in range(len(stack) - 1)] \
+                + [(stack[0], "*")]
+            for ler, lee in pairs:
+                caller_t[ler, lee] += w / counts.get(lee, 1)
+                callee_t[ler, lee] += w / counts.get(ler, 1)
+            for e in set(pairs):
+                edge_total[e] += w
+    return dict(total=total, node_total=node_total, node_self=node_self, edge_total=edge_total,
+                caller_t=caller_t, callee_t=callee_t, threads=threads)
+
+
+def compare(p, ref):
+    assert close(p.total_time, ref["total"])
+    nodes = {n.id: n for n in p.nodes}
+    for name, t in ref["node_total"].items():
+        assert close(nodes[name].total, t), name
+        assert close(nodes[name].self, ref["node_self"][name]), name
+    edges = {(("*" if e.caller.is_root else e.caller.id), ("*" if e.callee.is_root else e.callee.id)): e
+             for e in p.edges()}
+    assert set(edges) == set(ref["edge_total"])
+    for k, e in edges.items():
+        assert close(e.total, ref["edge_total"][k]), k
+        assert close(e.caller_time, ref["caller_t"][k]), k
+        assert close(e.callee_time, ref["callee_t"][k]), k
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("interval", ["midpoint", "end"])
+def test_matches_a_naive_per_sample_analysis(seed, interval):
+    rows = random_rows(random.Random(seed), 400)
+    p = analyze_samples(snapshots(rows), interval=interval)
+    ref = reference(rows, interval)
+    compare(p, ref)
+    assert_balanced(p)
+    for tid, t in ref["threads"].items():
+        assert close(p.thread_times[tid], t)
+
+
+MARKS = [[], [{"req": 1}], [{"req": 2}], [{"req": 3}, {"req": 1}], [{"req": None}]]
+
+
+def innermost_req(row):
+    for extent in (row[4] if len(row) > 4 else []):
+        if extent.get("req") is not None:
+            return extent["req"]
+    return None
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("interval", ["midpoint", "end"])
+def test_marks_and_threads_match_the_naive_analysis(seed, interval):
+    rng = random.Random(100 + seed)
+    rows = [r + (rng.choice(MARKS),) for r in random_rows(rng, 500, n_threads=4)]
+    s = snapshots(rows, custom_keys=["req"])
+    filtered = analyze_samples(s, marks={"req": 1}, interval=interval)
+    compare(filtered, reference(rows, interval, keep=lambda r: innermost_req(r) == 1))
+    assert_balanced(filtered)
+    some = analyze_samples(s, marks={"req": 2}, threads=[1, 3], interval=interval)
+    compare(some, reference([r for r in rows if r[0] in (1, 3)], interval,
+                            keep=lambda r: innermost_req(r) == 2))
+    by = analyze_by_mark(s, "req", interval=interval)
+    assert set(by) == {1, 2, 3}
+    for value, p in by.items():
+        compare(p, reference(rows, interval, keep=lambda r, v=value: innermost_req(r) == v))
+        assert_balanced(p)
+    whole = analyze_samples(s, interval=interval)
+    unmarked = reference(rows, interval, keep=lambda r: innermost_req(r) is None)["total"]
+    assert close(sum(p.total_time for p in by.values()) + unmarked, whole.total_time)
+
+
+def test_design_example_two_samples_of_one_function():
+    p = analyze_samples(snapshots([("main", 0.0, 0.0, ["A"]), ("main", 1.0, 1.0, ["A"])]))
+    (a,) = p.nodes
+    assert (p.total_time, a.total, a.self, p.sample_number) == (2.0, 2.0, 2.0, 2)
+    assert [(e.caller.is_root, e.callee is a, e.total, e.caller_time) for e in a.callers] == \
+        [(True, True, 2.0, 2.0)]
+    assert [(e.callee.is_root, e.total, e.callee_time) for e in a.callees] == [(True, 2.0, 2.0)]
+    assert p.root.total == 2.0 and p.unit == "s"
+
+
+def test_node_ids_and_sources():
+    f = Frame("Klass.method", "/src/mod.py", 10, 14)
+    p = analyze_samples(snapshots([(1, 0.0, 0.0, [f]), (1, 0.5, 0.5, [f])]))
+    (n,) = p.nodes
+    assert (n.id, n.src) == ("Klass.method", "/src/mod.py:10")
+    assert (n.filename, n.firstlineno, n.lineno) == ("/src/mod.py", 10, None)
+    assert n.thread_ids == [0]
+
+
+def test_recursion_is_not_double_counted():
+    rows = [("t", i * 0.01, i * 0.01, ["fib", "fib", "fib", "main"]) for i in range(5)]
+    p = analyze_samples(snapshots(rows))
+    fib = p.find("fib")
+    assert close(fib.total, p.total_time) and close(fib.self, p.total_time)
+    self_edge = next(e for e in fib.callees if e.callee is fib)
+    assert close(self_edge.total, p.total_time)
+    assert close(self_edge.callee_time, 2 / 3 * p.total_time)
+    assert_balanced(p)
+
+
+def test_idle_samples_bound_intervals_but_add_no_time():
+    rows = [("t", 0.0, 0.0, ["work"]), ("t", 0.010, 0.010, []), ("t", 0.030, 0.030, ["work"]),
+            ("t", 0.040, 0.040, [])]
+    p = analyze_samples(snapshots(rows))
+    # weights: 10, 15, 15, 10 ms; the idle ones are not charged
+    assert close(p.total_time, 0.025)
+    assert close(p.find("work").total, 0.025)
+    assert p.sample_number == 2
+    assert close(p.thread_times[0], 0.025)
+
+
+def test_interval_end_charges_the_sample_that_ends_the_gap():
+    # a long GIL-holding call: the collector was late, and sees `after` first
+    rows = [("t", 0.000, 0.0, ["before"]), ("t", 0.001, 0.001, ["before"]),
+            ("t", 0.101, 0.101, ["after"]), ("t", 0.102, 0.102, ["after"])]
+    mid = analyze_samples(snapshots(rows))
+    end = analyze_samples(snapshots(rows), interval="end")
+    assert close(mid.find("before").total, 0.0515)  # Racket gives half the gap away
+    assert close(end.find("before").total, 0.001)
+    assert close(end.find("after").total, 0.101)
+    assert end.interval == "end"
+
+
+def test_wall_weighting_sees_blocked_threads():
+    rows = [("io", 0.0, 0.0, ["wait"]), ("io", 0.0001, 1.0, ["wait"]),
+            ("cpu", 0.0, 0.0, ["spin"]), ("cpu", 1.0, 1.0, ["spin"])]
+    cpu = analyze_samples(snapshots(rows))
+    wall = analyze_samples(snapshots(rows), weight="wall")
+    assert cpu.find("wait").total < 0.001 and close(cpu.find("spin").total, 2.0)
+    assert close(wall.find("wait").total, 2.0) and wall.weight == "wall"
+
+
+def test_line_granularity():
+    rows = [("t", 0.0, 0.0, [("f", "m.py", 1, 2), ("main", "m.py", 10, 11)]),
+            ("t", 0.1, 0.1, [("f", "m.py", 1, 3), ("main", "m.py", 10, 11)]),
+            ("t", 0.2, 0.2, [("f", "m.py", 1, 3), ("main", "m.py", 10, 11)])]
+    by_func = analyze_samples(snapshots(rows))
+    by_line = analyze_samples(snapshots(rows), granularity="line")
+    assert [n.src for n in by_func.nodes] == ["m.py:10", "m.py:1"]
+    lines = {n.src: n for n in by_line.nodes}
+    assert set(lines) == {"m.py:11", "m.py:2", "m.py:3"}
+    assert close(lines["m.py:2"].total, 0.1) and close(lines["m.py:3"].total, 0.2)
+    assert lines["m.py:3"].lineno == 3 and lines["m.py:3"].id == "f"
+    assert_balanced(by_line)
+
+
+def test_thread_subset_by_id_name_and_predicate():
+    rows = random_rows(random.Random(7), 300, n_threads=3)
+    s = snapshots(rows, thread_names={0: "main", 1: "worker", 2: "worker"})
+    only0 = analyze_samples(s, threads=[0])
+    assert set(only0.thread_times) == {0}
+    ref = reference([r for r in rows if r[0] == 0])
+    compare(only0, ref)
+    workers = analyze_samples(s, threads="worker")
+    assert set(workers.thread_times) == {1, 2}
+    assert workers.thread_names == {1: "worker", 2: "worker"}
+    pred = analyze_samples(s, threads=lambda t: t.id != 0)
+    assert pred.thread_times == workers.thread_times
+
+
+def test_mark_filter_keeps_whole_thread_weights():
+    rows = [("t", 0.0, 0.0, ["handle", "serve"], [{"req": 1}]),
+            ("t", 0.01, 0.01, ["handle", "serve"], [{"req": 1}]),
+            ("t", 0.03, 0.03, ["parse", "handle", "serve"], [{"req": 2}]),
+            ("t", 0.04, 0.04, ["serve"], [])]
+    s = snapshots(rows, custom_keys=["req"])
+    whole = analyze_samples(s)
+    one = analyze_samples(s, marks={"req": 1})
+    two = analyze_samples(s, marks=lambda m: m.get("req") == 2)
+    # weights 10, 15, 15, 10 ms: each filtered sample keeps its weight in the thread
+    assert close(one.total_time, 0.025) and close(two.total_time, 0.015)
+    assert close(whole.total_time, 0.05)
+    assert one.sample_number == 2 and two.sample_number == 1
+    assert "parse" not in {n.id for n in one.nodes}
+    by = analyze_by_mark(s, "req")
+    assert list(by) == [1, 2]
+    assert close(by[1].total_time, 0.025) and close(by[2].total_time, 0.015)
+    assert_balanced(by[1])
+
+
+def test_mark_value_is_the_innermost_extent_carrying_the_key():
+    rows = [("t", 0.0, 0.0, ["f"], [{"user": None, "req": 9}, {"user": "ann", "req": 1}]),
+            ("t", 0.1, 0.1, ["f"], [{"user": "bob", "req": None}, {"user": None, "req": 2}])]
+    s = snapshots(rows, custom_keys=["user", "req"])
+    assert analyze_samples(s, marks={"req": 9}).sample_number == 1
+    assert analyze_samples(s, marks={"req": 1}).sample_number == 0
+    assert analyze_samples(s, marks={"user": "ann", "req": 9}).sample_number == 1
+    assert analyze_samples(s, marks={"user": "bob"}).sample_number == 1
+    nested = analyze_samples(s, marks=lambda m: 1 in m.all("req"))
+    assert nested.sample_number == 1
+    assert set(analyze_by_mark(s, "user")) == {"ann", "bob"}
+
+
+def test_marks_on_unmarked_snapshots():
+    s = snapshots([("t", 0.0, 0.0, ["f"]), ("t", 0.1, 0.1, ["f"])])
+    with pytest.raises(ValueError, match="unknown mark key 'req'"):
+        analyze_samples(s, marks={"req": 1})
+    assert analyze_samples(s, marks=lambda m: not m).sample_number == 2
+    assert analyze_samples(s, marks=lambda m: False).nodes == []
+
+
+def test_list_of_snapshots_is_merged():
+    a = snapshots([("t", 0.0, 0.0, ["f", "main"]), ("t", 0.1, 0.1, ["f", "main"])])
+    b = snapshots([("t", 0.0, 0.0, ["g", "main"]), ("t", 0.3, 0.3, ["g", "main"])])
+    p = analyze_samples([a, b])
+    assert close(p.find("main").total, 0.8)
+    assert p.find("f").thread_ids == [0] and p.find("g").thread_ids == [1]
+    assert_balanced(p)
+    assert analyze_samples([]).nodes == []
+
+
+def test_overflowing_deltas_are_exact():
+    rows = [("t", 0.0, 0.0, ["long"]), ("t", 5000.0, 5000.0, ["long"])]  # 5e9 us > 2**32
+    p = analyze_samples(snapshots(rows))
+    assert p.total_time == 10000.0
+
+
+def test_sample_weights_agree_with_the_analysis():
+    rows = random_rows(random.Random(3), 200)
+    s = snapshots(rows)
+    w = sample_weights(s)
+    p = analyze_samples(s)
+    busy = sum(x for x, sid in zip(w, s.sample_stack) if sid)
+    assert close(busy, p.total_time)
+    wall = sample_weights(s, "wall", interval="end")
+    assert close(sum(wall), sum(s.wall_deltas()) / 1e6)  # 'end': each gap counted once
+
+
+def test_cost_follows_distinct_stacks(monkeypatch):
+    """Identical stacks are summed before Racket's per-stack accounting."""
+    seen = []
+    real = analyze_module.build_graph
+
+    def spy(rows, infos, **kw):
+        rows = list(rows)
+        seen.append(len(rows))
+        return real(rows, infos, **kw)
+
+    monkeypatch.setattr(analyze_module, "build_graph", spy)
+    stacks = [["a", "main"], ["b", "main"], ["c", "b", "main"]]
+    rows = [(i % 2, i * 0.001, i * 0.001, stacks[i % 3]) for i in range(3000)]
+    p = analyze_samples(snapshots(rows))
+    assert seen == [3]
+    assert p.sample_number == 3000
+
+
+def test_repr_is_readable():
+    p = analyze_samples(snapshots([("t", 0.0, 0.0, ["f"]), ("t", 0.5, 0.5, ["f"])]))
+    assert repr(p) == "<Profile cpu total=1s (out of 0.5s), 2 samples, 1 thread(s), 1 nodes>"
+    assert repr(p.nodes[0]) == "<Node f f.py:1 total=1 self=1 callers=1 callees=1>"
+    assert repr(p.nodes[0].callers[0]) == "<Edge * -> f total=1 caller_time=1 callee_time=1>"
+    assert analyzer.Profile is type(p)
