@@ -18,6 +18,14 @@ def check_fraction(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_truncate_source(value: Any) -> Optional[int]:
+    """``truncate_source`` is a whole number of characters (at least 4) or ``None``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 4):
+        raise ValueError(f"truncate_source must be an integer of at least 4, or None, "
+                         f"not {value!r}")
+    return value
+
+
 def check_choice(name: str, value: Any, valid: Iterable[str]) -> str:
     """``value`` if it is one of ``valid``; else a ``ValueError`` listing them."""
     choices = tuple(valid)

@@ -14,7 +14,10 @@ import re
 from typing import IO, Optional
 
 from ..model import Profile
-from .common import check_fraction, format_ms, format_percent, format_source, hidden_nodes, to_ms
+from .common import (
+    check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
+    to_ms,
+)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -38,11 +41,7 @@ def render_dot(
         raise TypeError(f"render_dot() takes a Profile, not {type(profile).__name__}")
     hide_self = check_fraction("hide_self", hide_self)
     hide_subs = check_fraction("hide_subs", hide_subs)
-    if truncate_source is not None and (isinstance(truncate_source, bool)
-                                        or not isinstance(truncate_source, int)
-                                        or truncate_source < 4):
-        raise ValueError(f"truncate_source must be an integer of at least 4, or None, "
-                         f"not {truncate_source!r}")
+    check_truncate_source(truncate_source)
     hidden = hidden_nodes(profile, hide_self, hide_subs)
     shown = [n for n in profile.nodes if n not in hidden]
     ids = {n: f"n{i}" for i, n in enumerate(shown, 1)}

@@ -21,7 +21,7 @@ from typing import IO, Optional
 
 from ..model import Profile
 from .common import (
-    ORDERS, check_choice, check_fraction, format_ms, format_percent, format_source, hidden_nodes,
+    ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
     ordered_nodes, to_ms,
 )
 
@@ -52,11 +52,7 @@ def render_text(
     check_choice("order", order, ORDERS)
     hide_self = check_fraction("hide_self", hide_self)
     hide_subs = check_fraction("hide_subs", hide_subs)
-    if truncate_source is not None and (isinstance(truncate_source, bool)
-                                        or not isinstance(truncate_source, int)
-                                        or truncate_source < 4):
-        raise ValueError(f"truncate_source must be an integer of at least 4, or None, "
-                         f"not {truncate_source!r}")
+    check_truncate_source(truncate_source)
     text = _render(profile, order, truncate_source, hide_self, hide_subs)
     if file is not None:
         file.write(text)
