@@ -18,6 +18,7 @@ import traceback
 from typing import Optional
 
 from . import realthreads
+from .clocks import read_cpu, thread_clock_id
 from .recorder import Recorder
 from .tracking import Tracker, collector_idents
 
@@ -49,11 +50,21 @@ class Collector:
         self.ticks = 0
         self.late_ticks = 0
         self.missed_ticks = 0
-        self.collector_cpu = 0.0
+        self._final_cpu: Optional[float] = None
+        self._clock: Optional[int] = None
         self.error_count = 0
         self.errors: list[str] = []
 
     # -- controller side -------------------------------------------------------
+    @property
+    def collector_cpu(self) -> float:
+        """CPU seconds the collector thread has used, read from outside it (reading
+        it on every tick would add a system call to the hot path)."""
+        if self._final_cpu is not None:
+            return self._final_cpu
+        cpu = read_cpu(self._clock)
+        return cpu if cpu is not None else 0.0
+
     def start(self) -> None:
         self.ident = realthreads.start_new_thread(self._main, ())
 
@@ -76,19 +87,22 @@ class Collector:
         self._wake.acquire()
         self._done = realthreads.allocate_lock()
         self.stopped = True
+        if self._final_cpu is None:
+            self._final_cpu = 0.0  # the parent's collector cannot be read from here
         self.recorder.lock = realthreads.allocate_lock()
         self.recorder.repair()
 
     # -- the thread ------------------------------------------------------------
     def _main(self) -> None:
         collector_idents.add(realthreads.get_ident())
+        self._clock = thread_clock_id(realthreads.get_native_id(), realthreads.get_ident())
         try:
             self._loop()
         except BaseException:  # never let anything reach the program
             self._record_error()
         finally:
             collector_idents.discard(realthreads.get_ident())
-            self.collector_cpu = time.thread_time()
+            self._final_cpu = time.thread_time()
             try:
                 self._done.release()
             except RuntimeError:
@@ -130,7 +144,6 @@ class Collector:
             self._tick(tracker, now)
             self.ticks += 1
             deadline += delay
-            self.collector_cpu = time.thread_time()
             if delay <= 0:
                 realthreads.sleep(0)  # let the program run between back-to-back ticks
 
@@ -143,7 +156,7 @@ class Collector:
             with recorder.lock:
                 recorder.record_tick(targets, now)
                 if self.ticks % 256 == 255:
-                    recorder.forget_dead({t.key for t in targets})
+                    recorder.forget_dead({t.key for t, _ in targets})
         except Exception:
             self._record_error()
             with recorder.lock:

@@ -11,30 +11,32 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from array import array
 from types import CodeType, FrameType
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 from . import realthreads
-from .clocks import thread_cpu_reader
+from .clocks import read_cpu, thread_clock_id
 from .marks import frame_marks
 from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, ThreadInfo
 from .tracking import Target
 
 _MAX_DELTA = OVERFLOW - 1
+clock_gettime = getattr(time, "clock_gettime", None)
 
 
 class _Context:
     """Per thread/greenlet state between ticks."""
 
-    __slots__ = ("id", "wall_us", "cpu_us", "read_cpu", "running", "kind", "ident")
+    __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident")
 
-    def __init__(self, cid: int, wall_us: int, cpu_us: int, read_cpu: Callable[[], Optional[float]],
+    def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
         self.id = cid
         self.wall_us = wall_us
         self.cpu_us = cpu_us
-        self.read_cpu = read_cpu
+        self.clock = clock  # the CPU clock id of the OS thread it runs in
         self.running = True
         self.kind = kind
         self.ident = ident
@@ -49,14 +51,15 @@ def _line_of(code: CodeType, lasti: int) -> Optional[int]:
     return None
 
 
-def _cpu_reader_for(target: Target) -> Callable[[], Optional[float]]:
+def _clock_for(target: Target) -> Optional[int]:
     native_id = target.native_id
     if native_id is None and target.ident is not None:
+        # a greenlet, or a thread without a Thread object: find its OS thread
         owner = getattr(threading, "_active", {}).get(target.ident)
         native_id = getattr(owner, "native_id", None)
         if native_id is None and target.ident == realthreads.get_ident():
             native_id = realthreads.get_native_id()
-    return thread_cpu_reader(native_id, target.ident)
+    return thread_clock_id(native_id, target.ident)
 
 
 class Recorder:
@@ -90,11 +93,11 @@ class Recorder:
         self.torn_samples = 0
 
     # -- hot path --------------------------------------------------------------
-    def record_tick(self, targets: list[Target], now: float,
+    def record_tick(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
                     current_frames: Callable[[], dict] = sys._current_frames) -> None:
         """Append one sample per running target (called with ``self.lock`` held).
 
-        The GIL can change hands while the collector walks a stack, and the thread
+        ``now`` is when the collector took the GIL for this tick.  The GIL can change hands while the collector walks a stack, and the thread
         walked may then move on, its frames returning and dropping their marks. So
         after the walks, each thread must still be in the frame its walk started
         from (then every caller read was live throughout, and stack and marks agree);
@@ -102,31 +105,39 @@ class Recorder:
         otherwise counted in ``torn_samples`` instead of being recorded.
         """
         wall_us = int((now - self.start) * 1e6)
+        contexts = self._contexts
         walked = []
-        for target in targets:
-            frame = target.frame
-            ctx = self._contexts.get(target.key)
+        for target, frame in targets:
+            ctx = contexts.get(target.key)
+            if ctx is None:
+                clock = _clock_for(target)
+                if clock is None and target.native_id is not None:
+                    continue  # exited just now
+                ctx = self._new_context(target, clock, wall_us)
             if frame is None:
                 # A greenlet that is not running: close its interval once.
-                if ctx is not None and ctx.running:
-                    cpu = ctx.read_cpu()
+                if ctx.running:
+                    cpu = read_cpu(ctx.clock)
                     if cpu is not None:
                         self._append(ctx, 0, wall_us, int(cpu * 1e6), 0)
                     ctx.running = False
                 continue
-            if ctx is None:
-                read_cpu = _cpu_reader_for(target)
-                cpu = read_cpu()
-                if cpu is None and target.native_id is not None:
-                    continue  # exited just now
-                cpu_us = int((cpu or 0.0) * 1e6)
-                ctx = self._new_context(target, read_cpu, wall_us, cpu_us)
+            if ctx.clock is None:
+                cpu_us = ctx.cpu_us
             else:
-                cpu = ctx.read_cpu()
-                if cpu is None and target.kind == "thread" and target.native_id is not None:
-                    continue  # exited between the frame lookup and the clock read
-                cpu_us = int(cpu * 1e6) if cpu is not None else ctx.cpu_us
+                try:
+                    cpu_us = int(clock_gettime(ctx.clock) * 1e6)
+                except OSError:
+                    continue  # the thread has exited
             walked.append((target, ctx, cpu_us, frame) + self._walk(frame))
+        if walked and time.perf_counter() - now < sys.getswitchinterval() / 2:
+            # No other thread can have run: CPython only takes the GIL from a thread
+            # that has held it for a whole switch interval (and the collector gives
+            # it up nowhere on this path), so every walk saw a still picture.
+            for target, ctx, cpu_us, frame, tkey, marks in walked:
+                if not self._store(ctx, tkey, frame, marks, wall_us, cpu_us):
+                    self.torn_samples += 1
+            return
         for attempt in range(3):
             if not walked:
                 return
@@ -211,12 +222,13 @@ class Recorder:
         entry[self._key_index[key]] = value
         return tuple(entry)
 
-    def _new_context(self, target: Target, read_cpu: Callable[[], Optional[float]],
-                     wall_us: int, cpu_us: int) -> _Context:
+    def _new_context(self, target: Target, clock: Optional[int], wall_us: int) -> _Context:
+        cpu = read_cpu(clock)
+        cpu_us = int(cpu * 1e6) if cpu is not None else 0
         cid = len(self.threads)
         self.threads.append(ThreadInfo(cid, target.name, target.native_id, target.kind, 0,
                                        wall_us / 1e6, cpu_us / 1e6))
-        ctx = _Context(cid, wall_us, cpu_us, read_cpu, target.kind, target.ident)
+        ctx = _Context(cid, wall_us, cpu_us, clock, target.kind, target.ident)
         self._contexts[target.key] = ctx
         return ctx
 

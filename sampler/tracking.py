@@ -53,14 +53,13 @@ collector_idents: set[int] = set()
 
 
 class Target(NamedTuple):
-    """One context to sample at this tick."""
+    """What is known of one context to sample, fixed for its life (cached)."""
 
     key: Hashable  # identity across ticks
     name: str
     native_id: Optional[int]
     ident: Optional[int]  # the OS thread it runs in
     kind: str  # 'thread' or 'greenlet'
-    frame: Optional[FrameType]  # top frame; None for a greenlet that is not running
 
 
 def is_greenlet(obj: Any) -> bool:
@@ -109,6 +108,8 @@ class Tracker:
         # greenlet -> [id of its outermost frame, ident of the thread it was seen
         # in, code of its run function (known before it starts)]
         self._greenlet_places: dict[Any, list[Any]] = {}
+        # ident -> (the Thread object seen with it, its Target)
+        self._thread_targets: dict[int, tuple[Any, Target]] = {}
         for g in self.greenlets:
             self._learn_place(g, threading.get_ident())
 
@@ -123,40 +124,54 @@ class Tracker:
             place[0] = id(_bottom(sys._getframe()))
             place[1] = current_ident
 
-    def targets(self, frames: dict[int, FrameType]) -> list[Target]:
-        out: list[Target] = []
-        seen: set[int] = set()
+    def targets(self, frames: dict[int, FrameType]) -> list[tuple[Target, Optional[FrameType]]]:
+        """This tick's ``(target, top frame)`` pairs; the frame is ``None`` for a
+        greenlet that is switched out.
+
+        Liveness is left to the recorder where it can: the CPU clock of a thread that
+        has exited cannot be read, which is cheaper than ``Thread.is_alive()`` and
+        also right when a dead thread's ident has been reused.
+        """
+        out: list[tuple[Target, Optional[FrameType]]] = []
+        cache = self._thread_targets
         if self.all_threads:
             active = getattr(threading, "_active", {})
             for ident, frame in frames.items():
                 if ident in collector_idents:
                     continue
-                seen.add(ident)
                 t = active.get(ident)
-                if t is not None:
-                    out.append(Target(t, t.name, t.native_id, ident, "thread", frame))
-                else:
-                    out.append(Target(("ident", ident), f"thread {ident}", None, ident, "thread", frame))
+                cached = cache.get(ident)
+                if cached is None or cached[0] is not t:
+                    cached = cache[ident] = (t, _thread_target(t, ident))
+                out.append((cached[1], frame))
         else:
-            threads = list(self.threads)
-            for group in self.groups:
-                threads.extend(group.threads())
+            threads = self.threads
+            if self.groups:
+                threads = list(threads)
+                for group in self.groups:
+                    threads.extend(group.threads())
+            seen: set[int] = set()
             for t in threads:
                 ident = t.ident
-                if ident is None or ident in seen or ident in collector_idents:
+                frame = frames.get(ident)  # type: ignore[arg-type]
+                if frame is None or ident in seen or ident in collector_idents:
                     continue
-                frame = frames.get(ident)
-                if frame is None or not t.is_alive():
-                    continue
-                seen.add(ident)
-                out.append(Target(t, t.name, t.native_id, ident, "thread", frame))
+                seen.add(ident)  # type: ignore[arg-type]
+                cached = cache.get(ident)
+                if cached is None or cached[0] is not t:
+                    cached = cache[ident] = (t, _thread_target(t, ident))
+                target = cached[1]
+                if target.native_id is None and not t.is_alive():
+                    continue  # no CPU clock to tell: ask the thread
+                out.append((target, frame))
         for g in self.greenlets:
-            target = self._greenlet_target(g, frames)
-            if target is not None:
-                out.append(target)
+            pair = self._greenlet_target(g, frames)
+            if pair is not None:
+                out.append(pair)
         return out
 
-    def _greenlet_target(self, g: Any, frames: dict[int, FrameType]) -> Optional[Target]:
+    def _greenlet_target(self, g: Any, frames: dict[int, FrameType]
+                         ) -> Optional[tuple[Target, Optional[FrameType]]]:
         if g.dead:
             return None
         place = self._greenlet_places.setdefault(g, [None, None, _run_code(g)])
@@ -164,7 +179,7 @@ class Tracker:
         suspended = g.gr_frame
         if suspended is not None:
             place[0] = id(_bottom(suspended))
-            return Target(g, name, None, place[1], "greenlet", None)
+            return Target(g, name, None, place[1], "greenlet"), None
         if not g:
             return None  # not started yet
         candidates = [place[1]] if place[1] in frames else []
@@ -181,8 +196,14 @@ class Tracker:
                 place[0] = id(bottom)
             if id(bottom) == place[0]:
                 place[1] = ident
-                return Target(g, name, None, ident, "greenlet", frame)
+                return Target(g, name, None, ident, "greenlet"), frame
         return None
+
+
+def _thread_target(t: Optional[threading.Thread], ident: int) -> Target:
+    if t is None:  # started with _thread: no Thread object, no native id
+        return Target(("ident", ident), f"thread {ident}", None, ident, "thread")
+    return Target(t, t.name, t.native_id, ident, "thread")
 
 
 def _run_code(g: Any) -> Any:

@@ -78,12 +78,12 @@ def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
     assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
 
 
-def test_a_dead_or_unstarted_greenlet_is_simply_not_sampled():
-    g = greenlet.greenlet(lambda: None)
-    ctl = create_sampler(g, 0.001)
-    spin(0.02)
-    g.switch()
-    spin(0.02)
+def test_a_dead_or_never_started_greenlet_is_simply_not_sampled():
+    dead = greenlet.greenlet(lambda: None)
+    dead.switch()
+    never = greenlet.greenlet(lambda: None)
+    ctl = create_sampler([dead, never], 0.001)
+    spin(0.05)
     ctl.stop()
     assert len(ctl.get_snapshots()) == 0 and ctl.errors == []
 

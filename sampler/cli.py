@@ -1,0 +1,491 @@
+"""``python -m sampler`` (and the ``stackshot`` command): profile a whole program.
+
+``stackshot [options] script.py [args]``, ``-m module [args]`` or ``-c code [args]``,
+as ``python -m cProfile`` takes them.  The program runs in this process, in the main
+thread, as Python would run it: it sees its own ``sys.argv``, ``__name__ ==
+'__main__'``, its directory (or the current one) first on ``sys.path``, and the
+command exits with the program's own exit status.  Meanwhile a sampler snapshots
+the main thread (``--all-threads``: every thread); when the program ends -- by
+returning, ``sys.exit``, an exception or Ctrl-C -- the profile of what ran is saved
+(``-o``) and rendered (``--format``).
+
+The program is run from :func:`_run_program`; :func:`sampler.toplevel.trim_snapshots`
+cuts every frame outside it, so the profile starts at the program's ``<module>``.
+
+Only collecting happens in ``sampler``: the output half comes from
+:mod:`analyzer.cli`, imported when the command starts, before the program can
+change ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import dataclasses
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.util
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+import types
+from typing import IO, Any, Optional, Sequence
+
+from .controller import create_sampler
+from .snapshot import Snapshots
+from .toplevel import _own_files, _runpy_files, trim_snapshots
+from .tracking import ALL_THREADS
+
+__all__ = ["main", "Program"]
+
+EXIT_ERROR = 1  # stackshot could not do what was asked (the program's own status wins)
+EXIT_USAGE = 2  # a bad command line, a script that cannot be opened (as `python` does)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a program stopped by Ctrl-C
+
+
+class UsageError(Exception):
+    """A one-line problem with the command line or the program named on it."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# ----------------------------------------------------------------------------------
+# The program
+# ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Program:
+    """What to run: a script (file, directory or zip), a module, or a code string."""
+
+    kind: str  # 'script', 'module' or 'code'
+    target: str  # the path, module name or code
+    args: list[str]  # the program's own arguments (after the target)
+    code: Optional[types.CodeType] = None  # compiled in advance for files and -c
+
+    @property
+    def argv(self) -> list[str]:
+        """``sys.argv`` as Python would set it (``-m`` fixes argv[0] when it runs)."""
+        first = {"script": self.target, "module": self.target, "code": "-c"}[self.kind]
+        return [first, *self.args]
+
+    @property
+    def identity(self) -> str:
+        """What the saved run records as its program: ``python -m analyzer`` sums only
+        runs of the same one.  A file's name, not its path, so that runs from other
+        checkouts and machines still add up."""
+        if self.kind == "script":
+            return f"script {os.path.basename(os.path.normpath(self.target))}"
+        if self.kind == "module":
+            return f"-m {self.target}"
+        digest = hashlib.sha256(self.target.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"-c {digest[:12]}"
+
+    def prepare(self) -> None:
+        """Check that the program exists and compile it, before any sampling: a typo
+        is a one-line error, not a profile of nothing."""
+        if self.kind == "script":
+            self._prepare_script()
+        elif self.kind == "module":
+            self._prepare_module()
+        else:
+            self.code = _compile(self.target.encode("utf-8", "surrogateescape"), "<string>")
+
+    def _prepare_script(self) -> None:
+        path = os.path.abspath(self.target)
+        if os.path.isdir(path) or (os.path.isfile(path) and _is_zip(path)):
+            if not _has_main(path):  # runpy.run_path would say so with a traceback
+                raise UsageError(f"can't find '__main__' module in {path!r}", EXIT_ERROR)
+            return  # runpy.run_path runs its __main__
+        try:
+            with io.open_code(path) as f:
+                source = f.read()
+        except OSError as e:
+            raise UsageError(f"can't open file {path!r}: [Errno {e.errno}] {e.strerror}") from None
+        self.code = _compile(source, path)
+
+    def _prepare_module(self) -> None:
+        name = self.target
+        try:
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.submodule_search_locations is not None:
+                if importlib.util.find_spec(name + ".__main__") is None:
+                    raise UsageError(f"No module named {name}.__main__; {name!r} is a package "
+                                     f"and cannot be directly executed", EXIT_ERROR)
+        except UsageError:
+            raise
+        except (ImportError, ValueError) as e:
+            raise UsageError(f"{_one_line(e)} (while looking for module {name!r})", EXIT_ERROR) from None
+        except Exception as e:  # the parent package's own code failed as it was imported
+            raise _ProgramError(e) from None
+        if spec is None:
+            raise UsageError(f"No module named {name}", EXIT_ERROR)
+
+
+def _has_main(path: str) -> bool:
+    """Whether a directory or zip file holds the ``__main__`` that ``python path`` runs."""
+    names = ("__main__.py", "__main__.pyc")
+    if os.path.isdir(path):
+        return any(os.path.isfile(os.path.join(path, n)) for n in names)
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n in z.namelist() for n in names)
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
+class _ProgramError(Exception):
+    """The program failed before it could be run (it does not compile, or its parent
+    package raised as it was imported): Python's own report is printed, status 1."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _compile(source: bytes, filename: str) -> types.CodeType:
+    try:
+        return compile(source, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as e:  # ValueError: a NUL byte in the source
+        if isinstance(e, SyntaxError):
+            raise _ProgramError(e) from None
+        raise UsageError(f"cannot compile {filename}: {e}", EXIT_ERROR) from None
+
+
+def _run_program(program: Program) -> None:
+    """Run the program once in a fresh ``__main__`` (the frame the profile starts after)."""
+    sys.argv[:] = program.argv
+    if program.kind == "module":
+        runpy.run_module(program.target, run_name="__main__", alter_sys=True)
+        return
+    if program.code is None:  # a directory or zip file with a __main__.py
+        runpy.run_path(program.target, run_name="__main__")
+        return
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__builtins__=builtins, __package__=None, __spec__=None)
+    if program.kind == "script":  # -c code has no file, as under `python -c`
+        filename = program.code.co_filename
+        loader = importlib.machinery.SourceFileLoader("__main__", filename)
+        module.__dict__.update(__file__=filename, __cached__=None, __loader__=loader)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(program.code, module.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _set_path(program: Program) -> None:
+    """``sys.path[0]`` as Python sets it: the script's directory, or the current one."""
+    if program.kind == "script":
+        path = os.path.abspath(program.target)
+        first = path if program.code is None else os.path.dirname(os.path.realpath(path))
+    elif program.kind == "module":
+        first = os.getcwd()
+    else:
+        first = ""
+    if sys.path:
+        sys.path[0] = first
+    else:
+        sys.path.append(first)
+
+
+# ----------------------------------------------------------------------------------
+# Running it under the sampler
+# ----------------------------------------------------------------------------------
+def _launcher_files() -> frozenset[str]:
+    """Files whose frames are stackshot's, not the program's: left out of tracebacks."""
+    return (_own_files() | _runpy_files()
+            | {_run_program.__code__.co_filename, __file__,
+               importlib.util.find_spec.__code__.co_filename})  # "<frozen importlib.util>"
+
+
+def _print_program_error(exc: BaseException, ours: frozenset[str]) -> None:
+    """Print the program's exception as Python would, without stackshot's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    try:
+        sys.stdout.flush()  # what the program printed comes before its traceback
+    except (OSError, ValueError, AttributeError):
+        pass
+    traceback.print_exception(type(exc), exc, tb)
+    sys.stderr.flush()
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit(code)`` asks for, printing a non-integer code as Python does."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _wait_for_threads() -> None:
+    """Wait for the program's non-daemon threads, as the interpreter does before it
+    exits: their work belongs in the profile."""
+    me, main = threading.current_thread(), threading.main_thread()
+    while True:
+        pending = [t for t in threading.enumerate()
+                   if t is not me and t is not main and not t.daemon and t.is_alive()]
+        if not pending:
+            return
+        for t in pending:
+            t.join()
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How the program ended: its exit status, and the exception that ended it."""
+
+    status: int = 0
+    interrupted: bool = False
+    error: Optional[BaseException] = None
+
+
+def _run(program: Program, repeat: int) -> Outcome:
+    """Run the program ``repeat`` times; a failure or non-zero exit stops the repeats.
+
+    The exception that ended the program is returned, not printed: printing it is
+    stackshot's work, done after the sampler stops so that it is not profiled.
+    """
+    out = Outcome()
+    try:
+        for _ in range(repeat):
+            try:
+                _run_program(program)
+            except SystemExit as e:
+                out.status = _exit_status(e)
+                if out.status:
+                    break
+        _wait_for_threads()
+    except KeyboardInterrupt as e:
+        out.status, out.interrupted, out.error = EXIT_INTERRUPTED, True, e
+    except BaseException as e:  # the program's own failure: Python's report, status 1
+        out.status, out.error = 1, e
+        try:
+            _wait_for_threads()
+        except KeyboardInterrupt:
+            out.interrupted = True
+    return out
+
+
+def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
+    """The snapshots with ``extra`` added to every run's metadata."""
+    runs = [dataclasses.replace(r, extra={**r.extra, **extra}) for r in snapshots.runs]
+    return Snapshots(
+        frames=snapshots.frames, stack_frame=snapshots.stack_frame,
+        stack_parent=snapshots.stack_parent, threads=snapshots.threads,
+        sample_thread=snapshots.sample_thread, sample_stack=snapshots.sample_stack,
+        sample_wall=snapshots.sample_wall, sample_cpu=snapshots.sample_cpu,
+        sample_marks=snapshots.sample_marks, wall_overflow=snapshots.wall_overflow,
+        cpu_overflow=snapshots.cpu_overflow, mark_sets=snapshots.mark_sets,
+        custom_keys=snapshots.custom_keys, runs=runs,
+    )
+
+
+class _SigintDeferred:
+    """While the profile is written, a second Ctrl-C must not lose it: SIGINT is
+    ignored for that short time (only the main thread may change handlers)."""
+
+    def __enter__(self) -> None:
+        self.saved = None
+        if threading.current_thread() is threading.main_thread():
+            self.saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            signal.signal(signal.SIGINT, self.saved)
+
+
+# ----------------------------------------------------------------------------------
+# The command line
+# ----------------------------------------------------------------------------------
+def _delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+    return value
+
+
+def _repeat(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
+    from analyzer.cli import add_output_arguments
+
+    parser = argparse.ArgumentParser(
+        prog=prog or "stackshot", allow_abbrev=False,
+        usage="%(prog)s [options] (script.py | -m module | -c code) [args ...]",
+        description="Run a Python program under stackshot's sampler and print its profile "
+                    "(Racket's caller/callee text by default).",
+        epilog="Options after the script, module or code are the program's own. The command "
+               "exits with the program's exit status (130 after Ctrl-C, which stops the "
+               "program and still writes the profile); 1 or 2 when stackshot itself cannot "
+               "do what was asked. Percentages may be written 1, 1% or 0.5.")
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
+                        help="-m module [args ...]: run a library module as a script, "
+                             "like python -m")
+    parser.add_argument("-c", dest="code", nargs=argparse.REMAINDER,
+                        help="-c code [args ...]: run a program passed as a string, "
+                             "like python -c")
+    parser.add_argument("--delay", type=_delay, default=0.001, metavar="SECONDS",
+                        help="seconds between samples (default: 0.001)")
+    parser.add_argument("--repeat", type=_repeat, default=1, metavar="N",
+                        help="run the program N times, profiled as one (default: 1)")
+    parser.add_argument("--all-threads", action="store_true",
+                        help="sample every thread of the process, not only the main thread")
+    parser.add_argument("--use-errortrace", action="store_true",
+                        help="sample an instrumented stack that also sees C functions")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None,
+                        help="save the snapshots to FILE for `python -m analyzer`; nothing is "
+                             "printed then unless --format is given")
+    parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
+                        help=argparse.SUPPRESS)
+    add_output_arguments(parser, selection=False)
+    return parser
+
+
+def _program_from(args: argparse.Namespace) -> Program:
+    script = list(args.program or [])
+    if script[:1] == ["--"]:  # `stackshot [options] -- script.py`: the end of our options
+        script = script[1:]
+    given = [(k, v) for k, v in (("module", args.module), ("code", args.code),
+                                 ("script", script)) if v]
+    if args.module is not None and not args.module:
+        raise UsageError("argument -m: expected a module name")
+    if args.code is not None and not args.code:
+        raise UsageError("argument -c: expected the code to run")
+    if not given:
+        raise UsageError("no program given: name a script, -m module or -c code")
+    kind, words = given[0]
+    return Program(kind, words[0], list(words[1:]))
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    The order matters: everything that can be checked is checked before the program
+    starts; the sampler stops as soon as the program ends, so that reporting its
+    error and writing the profile are not profiled; the profile is written even when
+    the program failed.
+    """
+    from analyzer.cli import CLIError, OutputOptions, check_writable
+    importlib.import_module(".snapshot_file", __package__)  # loaded before the program owns sys.path
+
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    stdout = sys.stdout  # the profile goes where our output went, whatever the program does
+    # frames that are stackshot's: its modules, runpy, and the command's own __main__
+    # (sampler/__main__.py, or the `stackshot` console script)
+    launcher = _launcher_files() | {f for f in [getattr(sys.modules.get("__main__"), "__file__", None)] if f}
+    try:
+        program = _program_from(args)
+        opts = OutputOptions.from_namespace(args)
+        if args.output is not None:
+            check_writable(args.output, "-o")
+        program.prepare()
+    except (UsageError, CLIError) as e:
+        _fail(str(e))
+        return e.status
+    except _ProgramError as e:
+        _print_program_error(e.error, launcher)
+        return 1
+
+    _set_path(program)
+    track = ALL_THREADS if args.all_threads else threading.current_thread()
+    try:
+        sampler = create_sampler(track, args.delay, use_errortrace=args.use_errortrace)
+    except NotImplementedError as e:
+        _fail(f"--use-errortrace: {_one_line(e)}")
+        return EXIT_USAGE
+    try:
+        outcome = _run(program, args.repeat)
+    finally:
+        with _SigintDeferred():
+            sampler.stop()
+    if outcome.error is not None:
+        _print_program_error(outcome.error, launcher)
+    with _SigintDeferred():
+        snapshots = trim_snapshots(sampler.get_snapshots(), (_run_program,), own_files=launcher)
+        snapshots = _with_run_extra(snapshots, {
+            "program": program.identity, "argv": list(program.argv),
+            "exit_status": outcome.status, "interrupted": outcome.interrupted,
+        })
+        render = args.output is None or args.format is not None
+        status = _write(snapshots, args.output, opts if render else None, stdout)
+        if outcome.interrupted:
+            _fail("interrupted; the profile covers the program until then")
+    return outcome.status or status
+
+
+def _write(snapshots: Snapshots, path: Optional[str], opts: Any, stdout: IO[str]) -> int:
+    """Save the snapshots to ``path`` and render them with ``opts`` (either may be
+    ``None``); returns 0, or the status of stackshot's own failure, told in one line."""
+    from analyzer.cli import CLIError, write_output
+
+    for stream in (sys.stdout, stdout):  # the program's output comes first
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        if path is not None:
+            try:
+                snapshots.save(path)
+            except OSError as e:
+                raise CLIError(f"cannot save the snapshots to {path}: {e.strerror or e}") from None
+        if opts is not None:
+            write_output(snapshots, opts, stdout)
+    except CLIError as e:
+        _fail(str(e))
+        return e.status
+    except BrokenPipeError:  # `stackshot prog.py | head`: not worth a message
+        _silence(stdout)
+    return 0
+
+
+def _fail(message: str) -> None:
+    print(f"stackshot: {message}", file=sys.stderr)
+
+
+def _silence(stream: IO[str]) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
