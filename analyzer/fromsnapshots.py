@@ -6,6 +6,9 @@ stack).  Keys are built by C-level ``map`` passes over the columns, and the one
 Python loop indexes a flat list, so a million samples cost a fraction of a second
 whatever the number of threads.  Everything after works on distinct keys.
 
+The ``'end'`` rule (the default for snapshots) adds each sample's delta -- the gap
+that ends at it -- to its own key; a thread's first sample has delta 0.
+
 The midpoint rule, in doubled units so halves stay integers: the gap ``d`` that
 ends at a sample is charged ``d`` to it and ``d`` to the previous sample of the same
 thread; then a thread's first sample gets its gap to the second once more, and its

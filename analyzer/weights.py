@@ -1,14 +1,48 @@
-"""How much time each sample stands for: Racket's midpoint rule, or the interval's end.
+"""How much time each sample stands for: the interval's end, or Racket's midpoint rule.
 
-A sampler sees a thread only at instants; the time between two instants has to be
-given to someone.  Racket splits each gap between a thread's consecutive samples
-evenly between the two (so a middle sample gets ``(next - prev) / 2``, the first
-``next - cur`` and the last ``cur - prev``), and drops a thread seen only once.
+A sampler sees a thread only at instants; the time between two consecutive samples
+of a thread (an *interval*) has to be given to someone.  Two rules:
 
-In CPython a thread inside a long C call holds the GIL, so the collector runs late
-and its sample shows where the thread went *after* the call; the midpoint rule then
-gives half of the long gap to the previous sample, which was elsewhere.  ``'end'``
-charges each gap wholly to the sample that ends it (a thread's first sample gets 0).
+``'midpoint'`` (Racket's)
+    Each interval is split evenly between the two samples that bound it, so a middle
+    sample gets ``(next - prev) / 2``, a thread's first sample ``next - cur`` and its
+    last ``cur - prev`` (the two ends take their one interval whole, so the weights
+    of a thread add up to its time from first to last sample *plus* half of its first
+    and last intervals, as in Racket).
+``'end'``
+    Each interval is charged wholly to the sample that *ends* it: a sample gets
+    ``cur - prev``, a thread's first sample ``0`` (no interval ends there), and the
+    weights of a thread add up to exactly its time from first to last sample.
+
+Why two: in CPython a thread inside a long C call (``sorted`` of a big list, a
+pathological regex) holds the GIL, so the collector cannot run until the call
+returns; the late sample shows where the thread is *after* the call, still in the
+function that made it.  The midpoint rule gives half of that long interval to the
+*previous* sample, which was somewhere else.  Measured (``benchmarks/RESULTS.md``,
+workload ``gil_call``): 20--24 points of attribution error with ``'midpoint'``,
+0.3--2.9 with ``'end'``; on every other workload the rules agree within noise.
+
+Defaults (``interval=None``, "the input's natural rule", :func:`resolve_interval`):
+``'end'`` for ``Snapshots``, ``'midpoint'`` for Racket's raw shape (so Racket's own
+examples give Racket's numbers).
+
+Edge cases (:func:`sample_weights`, ``fromsnapshots.aggregate`` and ``rawshape``
+handle them alike; the raw shape has no idle markers -- a raw sample without frames
+adds its time, as in Racket):
+
+* A thread seen once is dropped (Racket's rule): one instant is no interval.  Its
+  sample counts in ``sample_number`` and its thread time is 0.
+* Idle markers (snapshot samples with stack 0: a greenlet switched out, the
+  profiler's own frames) bound intervals like any sample and get a weight, but they
+  have no frames, so that weight is charged to nobody.  Under ``'end'`` the interval
+  *ending* at an idle marker is the idle time, and the one after it goes to the next
+  real sample; under ``'midpoint'`` half of each neighbouring interval is lost with
+  the marker.
+* A thread's first sample: under ``'end'`` it weighs 0 (its frames appear, and it
+  counts in ``sample_number``, with zero time); under ``'midpoint'`` it takes its one
+  interval whole.  (Snapshot deltas are 0 at a thread's first sample by format, so
+  ``'end'`` can use the deltas as they are; the raw shape's ``'end'`` weights start
+  with an explicit 0.)
 
 Weights are integers: microsecond deltas for ``'end'``, *twice* the midpoint weight
 for ``'midpoint'`` (so halves stay exact); :data:`SCALE` turns them into seconds.
@@ -21,11 +55,27 @@ from operator import add
 from typing import Any, Iterator, Optional, Sequence
 
 INTERVALS = ("midpoint", "end")
+NATURAL_INTERVAL = {"snapshots": "end", "raw": "midpoint"}
+"""The rule ``interval=None`` stands for, by input: see the module docstring."""
 CLOCKS = ("cpu", "wall")
 SCALE = {"midpoint": 0.5e-6, "end": 1e-6}
 """Seconds per weight unit, for weights of snapshot deltas (integer microseconds)."""
 
 _FEW_THREADS = 6  # up to this many, split columns with C-speed passes per thread
+
+
+def resolve_interval(interval: Optional[str], *, raw: bool = False) -> str:
+    """The rule to use: ``interval`` itself, or for ``None`` the input's natural rule
+    (``'end'`` for snapshots, ``'midpoint'`` for the raw shape, ``raw=True``).
+
+    An unknown rule is a ``ValueError`` naming the valid ones.
+    """
+    if interval is None:
+        return NATURAL_INTERVAL["raw" if raw else "snapshots"]
+    if interval not in INTERVALS:
+        raise ValueError(f"interval must be one of {', '.join(map(repr, INTERVALS))}, "
+                         f"not {interval!r}")
+    return interval
 
 
 def interval_weights(deltas: Sequence[int], interval: str) -> Optional[list]:
@@ -91,18 +141,32 @@ def split_by_thread(thread_col: Sequence[int], columns: Sequence[Sequence[Any]],
         yield t, [[c[i] for i in idx] for c in columns]
 
 
-def sample_weights(snapshots: Any, clock: str = "cpu", *, interval: str = "midpoint") -> list[float]:
+def sample_weights(snapshots: Any, clock: str = "cpu", *,
+                   interval: Optional[str] = None) -> list[float]:
     """Seconds of ``clock`` time each sample of ``snapshots`` stands for.
 
     The same rule :func:`analyzer.analyze_samples` uses, for tools that need per-sample
-    numbers (exporters): ``0.0`` for the sample of a thread seen once.  Idle samples
-    (stack 0) get their weight too; callers decide whether idle time counts.
+    numbers (exporters), and the same default: ``interval=None`` is ``'end'`` for
+    snapshots (each interval charged to the sample that ends it; ``'midpoint'`` is
+    Racket's even split, see the module docstring for why ``'end'`` is the default).
+
+    Edge cases, as in the analysis:
+
+    * a thread seen once: its sample gets ``0.0`` (Racket drops such threads);
+    * a thread's first sample: ``0.0`` under ``'end'`` (no interval ends there),
+      its one interval whole under ``'midpoint'``; its last sample: its own interval
+      under both rules (whole under ``'midpoint'``, as Racket's "last: cur - prev");
+    * idle samples (stack 0) bound intervals and get their weight like any sample
+      (the interval ending at them under ``'end'``, half of each neighbour under
+      ``'midpoint'``); callers decide whether idle time counts -- the analysis and
+      the exporters charge it to nobody.
+
+    Under ``'end'`` a thread's weights sum to its clock time from its first to its
+    last sample.
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, not {clock!r}")
-    if interval not in INTERVALS:
-        raise ValueError(f"interval must be one of {', '.join(map(repr, INTERVALS))}, "
-                         f"not {interval!r}")
+    interval = resolve_interval(interval)
     deltas = snapshots.cpu_deltas() if clock == "cpu" else snapshots.wall_deltas()
     n = len(deltas)
     scale = SCALE[interval]

@@ -98,12 +98,14 @@ def steady(thread: str, stack: Sequence[FrameSpec], n: int, *, start: float = 0.
 
 
 def two_threads() -> Snapshots:
-    """The shared example, with Racket's weights (CPU) worked out by hand.
+    """The shared example, with the analyzer's default weights for snapshots worked out
+    by hand (``interval='end'``: each interval goes to the sample that ends it).
 
-    MainThread: 5 samples 10 ms of CPU apart, so each weighs 10 ms:
-    ``main;work`` 20 ms, ``main;work;inner`` 10 ms, ``main;helper`` 20 ms.
-    worker: CPU 0, 0, 10 ms: the first sample weighs 0, the idle one (no frames)
-    5 ms, the last 10 ms, so ``run;serve`` gets 10 ms over 2 samples.
+    MainThread: 5 samples 10 ms of CPU apart; the first weighs 0 (no interval ends
+    there), each other 10 ms: ``main;work`` 10 ms over 2 samples, ``main;work;inner``
+    10 ms, ``main;helper`` 20 ms.  worker: CPU 0, 0, 10 ms: the first sample weighs 0,
+    the idle one (no frames) 0, the last 10 ms, so ``run;serve`` gets 10 ms over 2
+    samples (wall: 0, 10 ms charged to nobody, 10 ms).  50 ms of CPU in all.
     """
     rows = [
         ("MainThread", ["main", "work"], 0.00, 0.00),

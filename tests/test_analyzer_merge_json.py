@@ -21,9 +21,11 @@ def edge_map(p):
 
 
 def test_merge_sums_everything_and_keeps_callee_edges():
-    p1 = analyze_samples(snapshots([("t", 0.0, 0.0, ["a", "main"]), ("t", 0.1, 0.1, ["a", "main"])]))
+    p1 = analyze_samples(snapshots([("t", 0.0, 0.0, ["a", "main"]), ("t", 0.1, 0.1, ["a", "main"])]),
+                         interval="midpoint")
     p2 = analyze_samples(snapshots([("t", 0.0, 0.0, ["b", "main"]), ("t", 0.2, 0.2, ["b", "main"]),
-                                    ("u", 0.0, 0.0, ["a", "main"]), ("u", 0.1, 0.1, ["a", "main"])]))
+                                    ("u", 0.0, 0.0, ["a", "main"]), ("u", 0.1, 0.1, ["a", "main"])]),
+                         interval="midpoint")
     m = merge(p1, p2)
     assert close(m.total_time, p1.total_time + p2.total_time)
     assert close(m.cpu_time, p1.cpu_time + p2.cpu_time)

@@ -42,7 +42,7 @@ def sample_profile():
         t += 0.01
         stack = ["leaf", "mid", "main"] if i % 4 else ["other", "main"]
         rows.append(("main", t, t, stack))
-    return analyze_samples(snapshots(rows))
+    return analyze_samples(snapshots(rows), interval="midpoint")  # Racket's numbers
 
 
 def test_layout():
@@ -76,7 +76,7 @@ def test_callers_heaviest_next_to_the_node():
 def test_threads_and_hidden_in_header():
     rows = [("main", i * 0.01, i * 0.01, ["big"]) for i in range(200)]
     rows += [("worker", 0.0, 0.0, ["tiny"]), ("worker", 0.001, 0.001, ["tiny"])]
-    text = render_text(analyze_samples(snapshots(rows)))
+    text = render_text(analyze_samples(snapshots(rows), interval="midpoint"))
     assert re.search(r"Threads observed: 2: main \(0\) 2,000ms, worker \(1\) 2\.0ms", text)
     assert "(Hiding functions with self<=1.0% and local<=2.0%: 1 of 2 hidden)" in text
     assert "tiny" not in text.split("Callee", 1)[1]
@@ -213,7 +213,7 @@ def test_many_threads_are_summarised_heaviest_first():
     rows = []
     for t in range(12):
         rows += [(f"t{t}", 0.0, 0.0, ["f"]), (f"t{t}", 0.001 * (t + 1), 0.01, ["f"])]
-    text = render_text(analyze_samples(snapshots(rows)))
+    text = render_text(analyze_samples(snapshots(rows), interval="midpoint"))
     line = next(ln for ln in text.splitlines() if "Threads observed" in ln)
     assert line.startswith("  Threads observed: 12: t11 (11) 24.0ms, t10 (10) 22.0ms")
     assert line.endswith("and 4 more")

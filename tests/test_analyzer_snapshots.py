@@ -120,7 +120,8 @@ def test_marks_and_threads_match_the_naive_analysis(seed, interval):
 
 
 def test_design_example_two_samples_of_one_function():
-    p = analyze_samples(snapshots([("main", 0.0, 0.0, ["A"]), ("main", 1.0, 1.0, ["A"])]))
+    p = analyze_samples(snapshots([("main", 0.0, 0.0, ["A"]), ("main", 1.0, 1.0, ["A"])]),
+                        interval="midpoint")  # Racket's rule, as in the design's example
     (a,) = p.nodes
     assert (p.total_time, a.total, a.self, p.sample_number) == (2.0, 2.0, 2.0, 2)
     assert [(e.caller.is_root, e.callee is a, e.total, e.caller_time) for e in a.callers] == \
@@ -152,7 +153,7 @@ def test_recursion_is_not_double_counted():
 def test_idle_samples_bound_intervals_but_add_no_time():
     rows = [("t", 0.0, 0.0, ["work"]), ("t", 0.010, 0.010, []), ("t", 0.030, 0.030, ["work"]),
             ("t", 0.040, 0.040, [])]
-    p = analyze_samples(snapshots(rows))
+    p = analyze_samples(snapshots(rows), interval="midpoint")
     # weights: 10, 15, 15, 10 ms; the idle ones are not charged
     assert close(p.total_time, 0.025)
     assert close(p.find("work").total, 0.025)
@@ -164,7 +165,7 @@ def test_interval_end_charges_the_sample_that_ends_the_gap():
     # a long GIL-holding call: the collector was late, and sees `after` first
     rows = [("t", 0.000, 0.0, ["before"]), ("t", 0.001, 0.001, ["before"]),
             ("t", 0.101, 0.101, ["after"]), ("t", 0.102, 0.102, ["after"])]
-    mid = analyze_samples(snapshots(rows))
+    mid = analyze_samples(snapshots(rows), interval="midpoint")
     end = analyze_samples(snapshots(rows), interval="end")
     assert close(mid.find("before").total, 0.0515)  # Racket gives half the gap away
     assert close(end.find("before").total, 0.001)
@@ -172,11 +173,77 @@ def test_interval_end_charges_the_sample_that_ends_the_gap():
     assert end.interval == "end"
 
 
+def test_a_long_gil_holding_call_goes_to_the_sample_after_it_by_default():
+    """The measured shape (benchmarks/RESULTS.md, workload ``gil_call``).
+
+    The thread is sampled twice in A; then B calls a C function that holds the GIL
+    for 100 ms, so the collector cannot run until it returns, and its late sample
+    finds the thread in B, right after the call.  The long interval was B's.
+    """
+    from analyzer import json_to_profile, merge, profile_to_json
+    from analyzer.exports import sample_weights as export_weights
+
+    rows = [("t", 0.000, 0.000, ["A", "main"]), ("t", 0.001, 0.001, ["A", "main"]),
+            ("t", 0.101, 0.101, ["B", "main"]),  # the sample after the long call in B
+            ("t", 0.102, 0.102, ["B", "main"])]
+    s = snapshots(rows)
+    default = analyze_samples(s)
+    end = analyze_samples(s, interval="end")
+    mid = analyze_samples(s, interval="midpoint")
+    # 'end' charges the long interval to B, the sample that ends it
+    assert close(end.find("B").total, 0.101) and close(end.find("A").total, 0.001)
+    assert close(end.total_time, 0.102) and end.interval == "end"
+    # the midpoint rule splits it: half goes to A, which was elsewhere
+    assert close(mid.find("A").total, 0.0515) and close(mid.find("B").total, 0.0515)
+    assert mid.interval == "midpoint"
+    # for snapshots the default is 'end', and the profile records it
+    assert default.interval == "end"
+    assert [(n.id, n.total, n.self) for n in default.nodes] == \
+        [(n.id, n.total, n.self) for n in end.nodes]
+    assert_balanced(default) and assert_balanced(mid)
+    # per-sample weights, the analyzer's and the exporters', follow the same rule
+    assert sample_weights(s) == pytest.approx([0.0, 0.001, 0.100, 0.001])
+    assert export_weights(s) == pytest.approx([0.0, 0.001, 0.100, 0.001])
+    assert export_weights(s, interval="midpoint") == pytest.approx([0.001, 0.0505, 0.0505, 0.001])
+    assert analyze_by_mark(snapshots([r + ([{"k": 1}],) for r in rows], custom_keys=["k"]),
+                           "k")[1].interval == "end"
+    # the rule travels through JSON; merging keeps it, or says the rules were mixed
+    back = json_to_profile(profile_to_json(default))
+    assert back.interval == "end" and close(back.find("B").total, 0.101)
+    assert merge(default, end).interval == "end"
+    assert merge(default, mid).interval == "mixed"
+    # Racket's raw shape keeps Racket's rule by default (ms, newest first)
+    raw = (102, [(0, 102, ("B", None), ("main", None)), (0, 101, ("B", None), ("main", None)),
+                 (0, 1, ("A", None), ("main", None)), (0, 0, ("A", None), ("main", None))])
+    racket = analyze_samples(raw)
+    assert racket.interval == "midpoint" and close(racket.find("A").total, 51.5)
+    assert analyze_samples(raw, interval="end").find("B").total == 101
+
+
+def test_interval_end_edge_cases_first_single_and_idle_samples():
+    rows = [("t", 0.0, 0.0, ["work"]), ("t", 0.010, 0.010, []), ("t", 0.030, 0.030, ["work"]),
+            ("t", 0.040, 0.040, []),
+            ("lonely", 0.5, 0.5, ["once"]),
+            ("u", 0.0, 0.0, ["first"]), ("u", 0.010, 0.010, ["second"])]
+    p = analyze_samples(snapshots(rows))
+    # t: 0 (its first sample), 10 ms ending at the idle marker (nobody's), 20 ms, 10 ms idle
+    assert close(p.find("work").total, 0.020) and close(p.thread_times[0], 0.020)
+    # a thread seen once is dropped, as under Racket's rule; its sample still counts
+    assert p.thread_times[1] == 0 and "once" not in {n.id for n in p.nodes}
+    # a thread's first sample ends no interval: its frames appear with zero time
+    assert p.find("first").total == 0 and close(p.find("second").total, 0.010)
+    assert p.sample_number == 2 + 1 + 2
+    assert close(p.total_time, 0.030)
+    assert sample_weights(snapshots(rows)) == pytest.approx(
+        [0.0, 0.010, 0.020, 0.010, 0.0, 0.0, 0.010])
+    assert_balanced(p)
+
+
 def test_wall_weighting_sees_blocked_threads():
     rows = [("io", 0.0, 0.0, ["wait"]), ("io", 0.0001, 1.0, ["wait"]),
             ("cpu", 0.0, 0.0, ["spin"]), ("cpu", 1.0, 1.0, ["spin"])]
-    cpu = analyze_samples(snapshots(rows))
-    wall = analyze_samples(snapshots(rows), weight="wall")
+    cpu = analyze_samples(snapshots(rows), interval="midpoint")
+    wall = analyze_samples(snapshots(rows), weight="wall", interval="midpoint")
     assert cpu.find("wait").total < 0.001 and close(cpu.find("spin").total, 2.0)
     assert close(wall.find("wait").total, 2.0) and wall.weight == "wall"
 
@@ -185,8 +252,8 @@ def test_line_granularity():
     rows = [("t", 0.0, 0.0, [("f", "m.py", 1, 2), ("main", "m.py", 10, 11)]),
             ("t", 0.1, 0.1, [("f", "m.py", 1, 3), ("main", "m.py", 10, 11)]),
             ("t", 0.2, 0.2, [("f", "m.py", 1, 3), ("main", "m.py", 10, 11)])]
-    by_func = analyze_samples(snapshots(rows))
-    by_line = analyze_samples(snapshots(rows), granularity="line")
+    by_func = analyze_samples(snapshots(rows), interval="midpoint")
+    by_line = analyze_samples(snapshots(rows), granularity="line", interval="midpoint")
     assert [n.src for n in by_func.nodes] == ["m.py:10", "m.py:1"]
     lines = {n.src: n for n in by_line.nodes}
     assert set(lines) == {"m.py:11", "m.py:2", "m.py:3"}
@@ -198,7 +265,7 @@ def test_line_granularity():
 def test_thread_subset_by_id_name_and_predicate():
     rows = random_rows(random.Random(7), 300, n_threads=3)
     s = snapshots(rows, thread_names={0: "main", 1: "worker", 2: "worker"})
-    only0 = analyze_samples(s, threads=[0])
+    only0 = analyze_samples(s, threads=[0], interval="midpoint")
     assert set(only0.thread_times) == {0}
     ref = reference([r for r in rows if r[0] == 0])
     compare(only0, ref)
@@ -215,15 +282,15 @@ def test_mark_filter_keeps_whole_thread_weights():
             ("t", 0.03, 0.03, ["parse", "handle", "serve"], [{"req": 2}]),
             ("t", 0.04, 0.04, ["serve"], [])]
     s = snapshots(rows, custom_keys=["req"])
-    whole = analyze_samples(s)
-    one = analyze_samples(s, marks={"req": 1})
-    two = analyze_samples(s, marks=lambda m: m.get("req") == 2)
+    whole = analyze_samples(s, interval="midpoint")
+    one = analyze_samples(s, marks={"req": 1}, interval="midpoint")
+    two = analyze_samples(s, marks=lambda m: m.get("req") == 2, interval="midpoint")
     # weights 10, 15, 15, 10 ms: each filtered sample keeps its weight in the thread
     assert close(one.total_time, 0.025) and close(two.total_time, 0.015)
     assert close(whole.total_time, 0.05)
     assert one.sample_number == 2 and two.sample_number == 1
     assert "parse" not in {n.id for n in one.nodes}
-    by = analyze_by_mark(s, "req")
+    by = analyze_by_mark(s, "req", interval="midpoint")
     assert list(by) == [1, 2]
     assert close(by[1].total_time, 0.025) and close(by[2].total_time, 0.015)
     assert_balanced(by[1])
@@ -253,7 +320,7 @@ def test_marks_on_unmarked_snapshots():
 def test_list_of_snapshots_is_merged():
     a = snapshots([("t", 0.0, 0.0, ["f", "main"]), ("t", 0.1, 0.1, ["f", "main"])])
     b = snapshots([("t", 0.0, 0.0, ["g", "main"]), ("t", 0.3, 0.3, ["g", "main"])])
-    p = analyze_samples([a, b])
+    p = analyze_samples([a, b], interval="midpoint")
     assert close(p.find("main").total, 0.8)
     assert p.find("f").thread_ids == [0] and p.find("g").thread_ids == [1]
     assert_balanced(p)
@@ -262,7 +329,7 @@ def test_list_of_snapshots_is_merged():
 
 def test_overflowing_deltas_are_exact():
     rows = [("t", 0.0, 0.0, ["long"]), ("t", 5000.0, 5000.0, ["long"])]  # 5e9 us > 2**32
-    p = analyze_samples(snapshots(rows))
+    p = analyze_samples(snapshots(rows), interval="midpoint")
     assert p.total_time == 10000.0
 
 
@@ -296,7 +363,8 @@ def test_cost_follows_distinct_stacks(monkeypatch):
 
 
 def test_repr_is_readable():
-    p = analyze_samples(snapshots([("t", 0.0, 0.0, ["f"]), ("t", 0.5, 0.5, ["f"])]))
+    p = analyze_samples(snapshots([("t", 0.0, 0.0, ["f"]), ("t", 0.5, 0.5, ["f"])]),
+                        interval="midpoint")
     assert repr(p) == "<Profile cpu total=1s (out of 0.5s), 2 samples, 1 thread(s), 1 nodes>"
     assert repr(p.nodes[0]) == "<Node f f.py:1 total=1 self=1 callers=1 callees=1>"
     assert repr(p.nodes[0].callers[0]) == "<Edge * -> f total=1 caller_time=1 callee_time=1>"

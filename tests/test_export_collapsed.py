@@ -32,13 +32,13 @@ def names(stack: tuple[str, ...]) -> tuple[str, ...]:
 
 def test_microseconds_of_cpu_per_stack_outermost_first():
     got = {names(k): v for k, v in parse(to_collapsed(two_threads())).items()}
-    assert got == {("main", "work"): 20000, ("main", "work", "inner"): 10000,
+    assert got == {("main", "work"): 10000, ("main", "work", "inner"): 10000,
                    ("main", "helper"): 20000, ("run", "serve"): 10000}
 
 
 def test_frames_read_name_file_and_first_line():
     text = to_collapsed(build([("t", [("f", "/src/m.py", 3, 5)], 0, 0), ("t", [("f", "/src/m.py", 3, 5)], 1, 1)]))
-    assert text == "f (/src/m.py:3) 2000000\n"
+    assert text == "f (/src/m.py:3) 1000000\n"  # the one interval, to the sample ending it
 
 
 def test_sample_counts_and_thread_roots():
@@ -50,14 +50,14 @@ def test_sample_counts_and_thread_roots():
 
 def test_wall_time():
     got = {names(k): v for k, v in parse(to_collapsed(two_threads(), value="wall")).items()}
-    assert got[("run", "serve")] == 20000
+    assert got[("run", "serve")] == 10000  # the idle sample's 10 ms are nobody's
 
 
 def test_separators_inside_names_cannot_split_frames_or_lines():
     odd = ("a;b\nc", "dir;x/m.py", 1, 1)
     text = to_collapsed(build([("t", [odd, "g"], 0, 0), ("t", [odd, "g"], 1, 1)]))
     (stack, count), = parse(text).items()
-    assert len(stack) == 2 and count == 2_000_000
+    assert len(stack) == 2 and count == 1_000_000
 
 
 def test_empty_profile_is_empty_text():

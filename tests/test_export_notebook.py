@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_snapshots_html_has_summary_top_functions_and_a_sandboxed_flame_graph():
     out = snapshots_html(two_threads())
     assert "8 samples, 2 threads" in out
-    assert re.search(r"<td>work</td><td>app.py:640</td><td style='text-align:right'>20.0 ms</td>", out)
+    assert re.search(r"<td>work</td><td>app.py:640</td><td style='text-align:right'>10.0 ms</td>", out)
     assert '<iframe class="stackshot-frame" sandbox="allow-scripts"' in out
     assert "allow-same-origin" not in out
 
@@ -97,7 +97,7 @@ def cells() -> list[tuple[str, list[str]]]:
         ("%load_ext sampler.notebook", []),
         ("%%sample -d 0.001 -v snaps -k request\nimport sampler\n"
          "with sampler.mark('request', 'r<1>'):\n    fib(24)", []),
-        ("%sample -f text fib(22)", []),
+        ("%sample -f text fib(25)", []),  # long enough for several samples inside fib
         ("%sample -f none -o out.speedscope.json fib(20)", []),
         ("from IPython.display import HTML\nfrom analyzer import analyze_samples\n"
          "from analyzer.exports.notebook import profile_html\nHTML(profile_html(analyze_samples(snaps)))", []),

@@ -105,10 +105,10 @@ def test_profile_structure():
     assert p["default"] == "cpu" and p["period"] == 10_000_000
     got = {(tuple(s[0]), s[2]["thread"]): s[1] for s in p["samples"]}
     assert got == {
-        (("work", "main"), "MainThread"): [2, 20_000_000, 20_000_000],  # leaf first
+        (("work", "main"), "MainThread"): [2, 10_000_000, 10_000_000],  # leaf first
         (("inner", "work", "main"), "MainThread"): [1, 10_000_000, 10_000_000],
         (("helper", "main"), "MainThread"): [2, 20_000_000, 20_000_000],
-        (("serve", "run"), "worker"): [2, 10_000_000, 20_000_000],
+        (("serve", "run"), "worker"): [2, 10_000_000, 10_000_000],
     }
     assert sorted(f[0] for f in p["functions"].values()) == ["helper", "inner", "main", "run", "serve", "work"]
 
@@ -154,12 +154,12 @@ def top_rows(text: str) -> dict[str, tuple[str, str]]:
 def test_go_tool_pprof_top(tmp_path):
     path = write_pprof(two_threads(), tmp_path / "run.pb.gz")
     out = go_pprof("-top", str(path), cwd=tmp_path)
-    assert "Type: cpu" in out and "Total samples = 60ms" in out
+    assert "Type: cpu" in out and "Total samples = 50ms" in out
     rows = top_rows(out)
-    assert rows["main"] == ("0", "50ms") and rows["work"] == ("20ms", "30ms")
+    assert rows["main"] == ("0", "40ms") and rows["work"] == ("10ms", "20ms")
     assert rows["helper"] == ("20ms", "20ms") and rows["serve"] == ("10ms", "10ms")
     wall = top_rows(go_pprof("-top", "-sample_index=wall", "-tagfocus=thread=worker", str(path), cwd=tmp_path))
-    assert wall == {"serve": ("20ms", "20ms"), "run": ("0", "20ms")}
+    assert wall == {"serve": ("10ms", "10ms"), "run": ("0", "10ms")}
 
 
 def test_go_tool_pprof_reads_lines_and_an_empty_profile(tmp_path):

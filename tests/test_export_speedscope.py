@@ -86,7 +86,7 @@ def load_valid(text: str) -> dict:
     return doc
 
 
-def test_one_sampled_profile_per_thread_with_racket_weights():
+def test_one_sampled_profile_per_thread_with_the_analyzers_weights():
     doc = load_valid(to_speedscope(two_threads()))
     names = [f["name"] for f in doc["shared"]["frames"]]
     main, worker = doc["profiles"]
@@ -94,8 +94,8 @@ def test_one_sampled_profile_per_thread_with_racket_weights():
     stacks = [[names[i] for i in s] for s in main["samples"]]
     assert stacks == [["main", "work"], ["main", "work"], ["main", "work", "inner"],
                       ["main", "helper"], ["main", "helper"]]  # time order, outermost first
-    assert main["weights"] == pytest.approx([0.01] * 5)
-    assert main["unit"] == "seconds" and main["endValue"] == pytest.approx(0.05)
+    assert main["weights"] == pytest.approx([0.0] + [0.01] * 4)  # 'end': the first sample ends no interval
+    assert main["unit"] == "seconds" and main["endValue"] == pytest.approx(0.04)
     # the worker's idle sample (no frames) is left out; its first sample weighs 0
     assert [[names[i] for i in s] for s in worker["samples"]] == [["run", "serve"]] * 2
     assert worker["weights"] == pytest.approx([0.0, 0.01])
@@ -104,7 +104,7 @@ def test_one_sampled_profile_per_thread_with_racket_weights():
 
 def test_wall_clock_weights():
     doc = load_valid(to_speedscope(two_threads(), clock="wall"))
-    assert doc["profiles"][1]["weights"] == pytest.approx([0.01, 0.01])
+    assert doc["profiles"][1]["weights"] == pytest.approx([0.0, 0.01])
 
 
 def test_frames_are_functions_with_file_and_first_line():

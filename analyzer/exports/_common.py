@@ -1,8 +1,10 @@
 """What every exporter needs: weighted samples, function-level stacks, safe writing.
 
 The exporters never re-derive how much time a sample stands for: they all take it
-from :func:`sample_weights`, which is the analyzer's per-sample weighting (Racket's
-rule), so an exported file and ``analyze_samples`` agree on every number.
+from :func:`sample_weights`, which is the analyzer's per-sample weighting with the
+analyzer's default rule for snapshots (each interval charged to the sample that ends
+it, ``interval='end'``), so an exported file and ``analyze_samples`` agree on every
+number.
 
 Exports work at two granularities.  Flame graphs, speedscope, collapsed stacks and
 pstats show *functions* (``name, filename, firstlineno``): two lines of one function
@@ -17,7 +19,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from sampler.snapshot import Snapshots
 
@@ -43,16 +45,20 @@ def _check_clock(clock: str) -> str:
     return clock
 
 
-def sample_weights(snapshots: Snapshots, clock: str = "cpu") -> Sequence[float]:
+def sample_weights(snapshots: Snapshots, clock: str = "cpu", *,
+                   interval: Optional[str] = None) -> Sequence[float]:
     """Seconds of ``clock`` time each sample stands for (0 for a thread seen once).
 
-    The one place exporters get weights from, and it is the analyzer's own rule
-    (:func:`analyzer.weights.sample_weights`), so exports and ``analyze_samples``
-    never disagree.
+    The one place exporters get weights from, and it is the analyzer's own function
+    (:func:`analyzer.weights.sample_weights`) with the analyzer's default,
+    ``interval=None``: ``'end'`` for snapshots (each interval charged to the sample
+    that ends it; a thread's first sample weighs 0).  So exports and
+    ``analyze_samples`` never disagree, with the same ``interval`` or both defaulted.
+    Idle samples (stack 0) get their weight too; the exporters charge them to nobody.
     """
     from analyzer.weights import sample_weights as analyzer_weights
 
-    return analyzer_weights(snapshots, _check_clock(clock))
+    return analyzer_weights(snapshots, _check_clock(clock), interval=interval)
 
 
 @dataclass

@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: see :mod:`benchmarks.harness`."""
+
+from .harness import main
+
+main()

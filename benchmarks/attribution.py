@@ -1,0 +1,121 @@
+"""Turning every profiler's output into the same two numbers per workload function.
+
+Profilers disagree on shape (stacks with weights, or per-function tables with
+caller/callee edges), on units (seconds, sample counts) and on what a "function" is
+(cProfile and pyinstrument list C builtins, samplers only see Python frames).  To
+compare them fairly, each profile is reduced to the functions *defined in the
+workload files*:
+
+``inclusive[f]``
+    time with ``f`` anywhere on the stack (counted once per sample, so recursion is
+    not double counted);
+``self[f]``
+    time with ``f`` as the innermost *workload* frame: time spent in library or C
+    code is charged to the workload function that called it, which is what every
+    profiler can agree on (a sampler never sees ``sorted`` as a frame, cProfile
+    does).
+
+Only shares are compared, never absolute amounts, so sample counts and seconds mix.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterable, Mapping, Optional, Sequence
+
+from .workloads import is_workload_file
+
+Frame = tuple  # (function name, filename)
+
+
+def from_stacks(stacks: Iterable[tuple[Sequence[Frame], float]]) -> dict:
+    """Reduce ``(frames innermost first, weight)`` pairs (see the module docstring)."""
+    inclusive: dict[str, float] = defaultdict(float)
+    self_: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for frames, weight in stacks:
+        total += weight
+        names = [name for name, filename in frames if is_workload_file(filename)]
+        if not names:
+            continue
+        self_[names[0]] += weight
+        for name in set(names):
+            inclusive[name] += weight
+    return {"inclusive": dict(inclusive), "self": dict(self_), "total": total}
+
+
+def from_table(entries: Iterable[dict]) -> dict:
+    """Reduce a per-function table (cProfile's, yappi's).
+
+    Each entry has ``name``, ``file``, ``self`` (own time), ``total`` (inclusive) and
+    ``children``: ``[(child file, child inclusive time along this edge)]``.  A
+    workload function's ``self`` absorbs the inclusive time of the non-workload
+    functions it calls directly (its builtins and library calls).
+    """
+    inclusive: dict[str, float] = defaultdict(float)
+    self_: dict[str, float] = defaultdict(float)
+    total = 0.0
+    for e in entries:
+        total += e["self"]
+        if not is_workload_file(e["file"]):
+            continue
+        inclusive[e["name"]] += e["total"]
+        self_[e["name"]] += e["self"] + sum(t for f, t in e["children"] if not is_workload_file(f))
+    return {"inclusive": dict(inclusive), "self": dict(self_), "total": total}
+
+
+def parse_pyspy_raw(text: str) -> list[tuple[list[Frame], float]]:
+    """Stacks of py-spy's ``--format raw`` output (collapsed stacks, outermost first).
+
+    Each line is ``frame;frame;... count`` with frames spelled ``name (file)`` when
+    recorded with ``--nolineno --full-filenames`` (``name (file:line)`` otherwise; the
+    line is dropped).  A line without a count is skipped.
+    """
+    stacks = []
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = []
+        for item in stack.split(";"):
+            name, sep, where = item.rpartition(" (")
+            if not sep:
+                frames.append((item.strip(), ""))
+                continue
+            filename = where.rstrip(")")
+            head, colon, tail = filename.rpartition(":")
+            if colon and tail.isdigit():
+                filename = head
+            frames.append((name, filename))
+        frames.reverse()
+        stacks.append((frames, float(count)))
+    return stacks
+
+
+def shares(amounts: Mapping[str, float], names: Optional[Sequence[str]] = None) -> Optional[dict]:
+    """Each name's fraction of the sum over ``names`` (all keys when None); None if that sum is 0."""
+    keys = list(amounts) if names is None else list(names)
+    total = sum(amounts.get(k, 0.0) for k in keys)
+    if total <= 0:
+        return None
+    return {k: amounts.get(k, 0.0) / total for k in keys}
+
+
+def max_error_points(measured: Mapping[str, float], truth: Mapping[str, float]) -> float:
+    """The largest absolute difference of share, in percentage points, over the parts."""
+    return 100 * max(abs(measured.get(k, 0.0) - v) for k, v in truth.items())
+
+
+def tvd_points(p: Mapping[str, float], q: Mapping[str, float]) -> float:
+    """Total variation distance between two share maps, in points (0 = same, 100 = disjoint)."""
+    keys = set(p) | set(q)
+    return 50 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in keys)
+
+
+def pooled(runs: Iterable[Mapping[str, float]]) -> dict:
+    """Sum several runs' amounts (to make one reference distribution out of them)."""
+    out: dict[str, float] = defaultdict(float)
+    for r in runs:
+        for k, v in r.items():
+            out[k] += v
+    return dict(out)

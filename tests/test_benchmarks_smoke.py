@@ -1,0 +1,70 @@
+"""A seconds-long smoke run of the benchmark harness (the benchmarks themselves never gate CI).
+
+It runs one workload with no profiler and stackshot only, in fresh subprocesses
+like the real thing, and checks that the JSON result and the Markdown table come
+out with the fields a reader (and the full run) relies on.  No figure is judged:
+on a shared machine the numbers are noise at this size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_smoke_run_writes_json_and_markdown(tmp_path):
+    out_json, out_md = tmp_path / "results.json", tmp_path / "RESULTS.md"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--python", sys.executable,
+         "--json", str(out_json), "--markdown", str(out_md)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    result = json.loads(out_json.read_text())
+    assert result["mode"] == "smoke"
+    assert result["configs"] == ["none", "stackshot-5ms"]
+    assert result["errors"] == []
+    for key in ("cpu", "cores", "python", "stackshot"):
+        assert result["machine"][key]
+    deep = result["summary"]["deep"]
+    assert deep["truth"] is None  # judged against py-spy, which the smoke run does not run
+    ours = deep["configs"]["stackshot-5ms"]
+    for key in ("slowdown", "rate_ratio", "maxrss_mb", "column_bytes_per_sample", "analysis_seconds",
+                "collector_cpu_per_tick_us", "samples"):
+        assert ours[key] is not None, key
+    assert ours["slowdown"] > 0 and ours["samples"] > 0
+    assert {"stackshot-5ms", "stackshot-5ms (end)", "stackshot-5ms (midpoint)"} & set(deep["accuracy"])
+    assert any(t["what"].startswith("slowdown, stackshot-5ms") for t in result["targets"])
+    run = result["raw_runs"]["deep"]["stackshot-5ms"][0]
+    assert run["profiles"]["midpoint"]["inclusive"]["deep_main"] > 0
+
+    md = out_md.read_text()
+    for heading in ("# stackshot benchmarks", "## stackshot against its targets", "## Slowdown",
+                    "## Accuracy", "## Achieved sampling rate", "## Memory", "## Analysis time"):
+        assert heading in md, heading
+    assert "stackshot-5ms" in md and "`deep`" in md and result["machine"]["python"] in md
+
+
+def test_attribution_reduces_stacks_and_tables():
+    sys.path.insert(0, REPO)
+    from benchmarks import attribution
+
+    wl = os.path.join("x", "workloads", "deep.py")
+    stacks = [([("deep_leaf_arith", wl), ("deep_a", wl), ("deep_a", wl)], 3.0),
+              ([("sorted", "<built-in>"), ("deep_b", wl)], 1.0),
+              ([("elsewhere", "lib.py")], 5.0)]
+    r = attribution.from_stacks(stacks)
+    assert r["inclusive"] == {"deep_leaf_arith": 3.0, "deep_a": 3.0, "deep_b": 1.0}
+    assert r["self"] == {"deep_leaf_arith": 3.0, "deep_b": 1.0}  # a builtin's time goes to its caller
+    t = attribution.from_table([{"name": "deep_b", "file": wl, "self": 1.0, "total": 3.0,
+                                 "children": [("<built-in>", 2.0)]}])
+    assert t["self"] == {"deep_b": 3.0} and t["inclusive"] == {"deep_b": 3.0}
+    raw = "<module> (/a/b.py);deep_a (/r/workloads/deep.py:12) 7\nbad line\n"
+    assert attribution.parse_pyspy_raw(raw) == [([("deep_a", "/r/workloads/deep.py"), ("<module>", "/a/b.py")], 7.0)]
+    assert attribution.tvd_points({"a": 0.5, "b": 0.5}, {"a": 1.0}) == 50.0
+    assert abs(attribution.max_error_points({"a": 0.3}, {"a": 0.25}) - 5.0) < 1e-9
