@@ -18,10 +18,11 @@ from .groups import ThreadGroup
 from .marks import current_marks, mark
 from .notebook import load_ipython_extension
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, Sample, SnapshotError, Snapshots, ThreadInfo, merge
+from .toplevel import Profiler, profile, profile_thunk
 from .tracking import ALL_THREADS
 
 __all__ = [
-    "ALL_THREADS", "FORMAT_VERSION", "Frame", "MESSAGES", "RunInfo", "Sample", "Sampler",
+    "ALL_THREADS", "FORMAT_VERSION", "Frame", "MESSAGES", "Profiler", "RunInfo", "Sample", "Sampler",
     "SamplerError", "SnapshotError", "Snapshots", "ThreadGroup", "ThreadInfo", "create_sampler",
-    "current_marks", "load_ipython_extension", "mark", "merge", "__version__",
+    "current_marks", "load_ipython_extension", "mark", "merge", "profile", "profile_thunk", "__version__",
 ]

@@ -437,7 +437,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     if outcome.error is not None:
         _print_program_error(outcome.error, launcher)
     with _SigintDeferred():
-        snapshots = trim_snapshots(sampler.get_snapshots(), (_run_program,), own_files=launcher)
+        snapshots = trim_snapshots(sampler.get_snapshots(), (_run_program,), overhead=(main,),
+                                   own_files=launcher)
         snapshots = _with_run_extra(snapshots, {
             "program": program.identity, "argv": list(program.argv),
             "exit_status": outcome.status, "interrupted": outcome.interrupted,

@@ -169,34 +169,39 @@ def _runpy_files() -> frozenset[str]:
     return frozenset(n for n in names if n)
 
 
-def _code_key(fn: Callable[..., Any]) -> tuple[str, str, int]:
+def _code_key(fn: Callable[..., Any]) -> tuple[str, int]:
+    """Where a function starts: what a :class:`Frame` of it records, whether its name
+    is recorded qualified (3.11+) or not."""
     code = fn.__code__
-    return (code.co_name, code.co_filename, code.co_firstlineno)
+    return (code.co_filename, code.co_firstlineno)
 
 
 def trim_snapshots(
     snapshots: Snapshots,
     entries: Iterable[Callable[..., Any]] = (),
     *,
+    overhead: Optional[Iterable[Callable[..., Any]]] = None,
     own_files: Optional[Iterable[str]] = None,
     launch_files: Optional[Iterable[str]] = None,
 ) -> Snapshots:
-    """The snapshots without the profiler's own frames.
+    """The snapshots without the profiler's own frames and work.
 
     * In a stack that passes through an *entry* function (the frame that calls the
       profiled code: :func:`_run_thunk`, the command line's runner), that frame and
       every frame outside it are cut, and so are the ``runpy``, import machinery
       and sampler frames that follow it, so the profiled code's own outermost frame
       becomes the root.
+    * A sample taken inside an *overhead* function but not inside an entry is the
+      profiler at work (starting, stopping, the command line before and after the
+      program): it becomes an idle sample (stack 0), which bounds its neighbours'
+      intervals but is charged to nobody.  By default the overhead functions are
+      :class:`Profiler`'s ``__enter__`` and ``__exit__``.
+    * So is a sample whose innermost frame is the sampler's own code.
     * Launcher frames (``own_files`` and ``launch_files``: the sampler's modules,
-      ``runpy``) at the root of any other stack are cut too: what the command line
-      does after the program ended is not shown as the program's caller.
+      ``runpy``) at the root of a stack are cut.
     * Other frames of the sampler's own code (a thread group's hook around
       ``Thread.start`` and ``run``, say) are spliced out: their caller is shown
       calling their callee, as it would be without the profiler.
-    * A sample whose innermost frame is the sampler's own code (setting up, stopping)
-      is the profiler's cost, not the program's: it becomes an idle sample (stack 0),
-      which bounds its neighbours' intervals but is charged to nobody.
 
     Runs, threads, times and marks are kept; frames no stack uses any more are
     dropped.
@@ -205,13 +210,17 @@ def trim_snapshots(
     launch = frozenset(launch_files) if launch_files is not None else _runpy_files()
     skip = own | launch
     entry_keys = {_code_key(fn) for fn in entries}
+    overhead_keys = {_code_key(fn) for fn in (
+        overhead if overhead is not None else (Profiler.__enter__, Profiler.__exit__))}
     frames = snapshots.frames
+    keys = [(f.filename, f.firstlineno) for f in frames]
     old_sf, old_sp = snapshots.stack_frame, snapshots.stack_parent
     n = len(old_sf)
     # Where a stack's walk from its root stands: ROOT, still among launcher frames at
-    # the root; OUTER, in frames outside any entry; STRIP, just past an entry, skipping
-    # runpy and sampler frames; INNER, in the profiled code.
-    ROOT, OUTER, STRIP, INNER = 0, 1, 2, 3
+    # the root; OUTER, in frames outside any entry; OVERHEAD, inside the profiler's
+    # own work; STRIP, just past an entry, skipping runpy and sampler frames; INNER,
+    # in the profiled code.
+    ROOT, OUTER, OVERHEAD, STRIP, INNER = 0, 1, 2, 3, 4
     state = bytearray(n)  # stack 0, the empty stack, is ROOT
     new_id = array("I", bytes(4 * n))
     frame_map: dict[int, int] = {}
@@ -237,8 +246,11 @@ def trim_snapshots(
         p, f = old_sp[s], old_sf[s]
         fr = frames[f]
         st = state[p]
-        if st in (ROOT, OUTER) and entry_keys and fr.function_key in entry_keys:
+        outside = st in (ROOT, OUTER, OVERHEAD)
+        if outside and keys[f] in entry_keys:
             state[s], new_id[s] = STRIP, 0  # cut: the profiled code starts inside
+        elif st == OVERHEAD or (outside and keys[f] in overhead_keys):
+            state[s], new_id[s] = OVERHEAD, 0
         elif st in (ROOT, STRIP) and fr.filename in skip:
             state[s], new_id[s] = st, 0
         elif fr.filename in own:  # spliced out: its caller calls its callee directly

@@ -5,6 +5,7 @@ string) and also writes it to a file object when given one.
 """
 
 from .dot import render_dot
+from .flat import render_flat
 from .text import render_text
 
-__all__ = ["render_text", "render_dot"]
+__all__ = ["render_text", "render_dot", "render_flat"]
