@@ -34,7 +34,7 @@ from .renderers.flat import render_flat
 __all__ = [
     "main", "CLIError", "OutputOptions", "add_output_arguments", "output_formats",
     "write_output", "render_output", "select_nodes", "load_and_sum", "check_writable",
-    "PROFILE_FORMATS",
+    "PROFILE_FORMATS", "whole_number_argument",
 ]
 
 PROFILE_FORMATS = {
@@ -100,16 +100,28 @@ def _regex(text: str) -> "re.Pattern[str]":
         raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {e}") from None
 
 
-def _truncate(text: str) -> Optional[int]:
-    if text.lower() in ("0", "none", "no"):
-        return None
+def whole_number_argument(text: str, least: int, *, what: str = "a whole number",
+                          least_note: str = "") -> int:
+    """``text`` as an int of at least ``least``, for an argparse ``type=``.
+
+    Shared with ``python -m sampler``'s options so that both commands word a bad
+    number the same way: ``not WHAT: 'x'`` or ``must be at least LEAST, not N``
+    (``least_note`` is told after ``LEAST``).
+    """
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of characters: {text!r}") from None
-    if value < 4:
-        raise argparse.ArgumentTypeError(f"must be at least 4 (or 0 for no limit), not {value}")
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}{least_note}, not {value}")
     return value
+
+
+def _truncate(text: str) -> Optional[int]:
+    if text.lower() in ("0", "none", "no"):
+        return None
+    return whole_number_argument(text, 4, what="a number of characters",
+                                 least_note=" (or 0 for no limit)")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, *, selection: bool = True) -> None:

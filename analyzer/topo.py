@@ -110,22 +110,20 @@ def topological_layers(root: Node, nodes: Sequence[Node]) -> list[list[Node]]:
                 alive[i] = False
                 remaining -= 1
                 out.append(i)
-                for j, _caller_time, callee_time in succ[i]:
-                    if alive[j]:
-                        in_c[j] -= 1
-                        in_w[j] -= callee_time
-                        if in_c[j] == 0:
-                            new_sources.append(j)
-                        else:
-                            dirty.add(j)
-                for j, caller_time, _callee_time in pred[i]:
-                    if alive[j]:
-                        out_c[j] -= 1
-                        out_w[j] -= caller_time
-                        if out_c[j] == 0:
-                            new_sinks.append(j)
-                        else:
-                            dirty.add(j)
+                # i's edges go from both ends: each callee loses an incoming edge (and
+                # its callee_time), becoming a source when none is left; each caller
+                # loses an outgoing edge (and its caller_time), becoming a sink.
+                for edges, count, weight, at, emptied in (
+                        (succ[i], in_c, in_w, 2, new_sources), (pred[i], out_c, out_w, 1, new_sinks)):
+                    for edge in edges:
+                        j = edge[0]
+                        if alive[j]:
+                            count[j] -= 1
+                            weight[j] -= edge[at]
+                            if count[j] == 0:
+                                emptied.append(j)
+                            else:
+                                dirty.add(j)
         left.extend(removed_sources)
         right_rounds.append(removed_sinks)
         sinks, sources = new_sinks, new_sources

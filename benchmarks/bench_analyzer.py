@@ -25,7 +25,7 @@ from array import array
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from analyzer import analyze_samples, profile_to_json, render_dot, render_text  # noqa: E402
-from sampler.snapshot import Frame, RunInfo, Snapshots, ThreadInfo  # noqa: E402
+from sampler.snapshot import Frame, RunInfo, Snapshots, StackTrie, ThreadInfo  # noqa: E402
 
 
 def call_paths(rng: random.Random, n_stacks: int, depth: int, n_funcs: int,
@@ -72,20 +72,9 @@ def synthetic(n_samples: int, n_stacks: int, depth: int, n_funcs: int, n_threads
     rng = random.Random(seed)
     frames = [Frame(f"mod{i % 50}.func_{i}", f"/app/mod{i % 50}.py", 10 * i, 10 * i + 3)
               for i in range(n_funcs)]
-    stack_frame, stack_parent = array("I", [0]), array("I", [0])
-    interned: dict[tuple[int, int], int] = {}
-    leaves = []
-    for path in call_paths(rng, n_stacks, depth, n_funcs, fanout, random_frames, start_anywhere):
-        sid = 0
-        for f in path:  # outermost first
-            key = (sid, f)
-            nxt = interned.get(key)
-            if nxt is None:
-                nxt = interned[key] = len(stack_frame)
-                stack_frame.append(f)
-                stack_parent.append(sid)
-            sid = nxt
-        leaves.append(sid)
+    trie = StackTrie()  # stacks only: a path's numbers are already ids into ``frames``
+    leaves = [trie.path_id(path)
+              for path in call_paths(rng, n_stacks, depth, n_funcs, fanout, random_frames, start_anywhere)]
     weights = [rng.paretovariate(1.2) for _ in leaves]  # a few hot stacks, a long tail
     sample_stack = array("I", rng.choices(leaves, weights=weights, k=n_samples))
     sample_thread = array("I", (rng.randrange(n_threads) for _ in range(n_samples))) \
@@ -105,7 +94,7 @@ def synthetic(n_samples: int, n_stacks: int, depth: int, n_funcs: int, n_threads
         kw = dict(custom_keys=["request"],
                   mark_sets=[()] + [((r,),) for r in range(100)],
                   sample_marks=array("I", (rng.randrange(101) for _ in range(n_samples))))
-    return Snapshots(frames=frames, stack_frame=stack_frame, stack_parent=stack_parent,
+    return Snapshots(frames=frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
                      threads=threads, sample_thread=sample_thread, sample_stack=sample_stack,
                      sample_cpu=sample_cpu, sample_wall=sample_wall,
                      runs=[RunInfo(process_cpu=n_samples / 1000)], **kw)

@@ -7,7 +7,7 @@ and notes derived from the figures (never hand-written claims that could go stal
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 
 def _fmt(x: Optional[float], spec: str, suffix: str = "", none: str = "–") -> str:
@@ -18,6 +18,15 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
+
+
+def _config_rows(s: dict, configs: list[str], cell: Callable[[dict], str]) -> list[list[str]]:
+    """One row per workload of summary ``s``: its name, then ``cell(entry)`` of each of
+    ``configs`` -- the shape of every per-profiler table, so they all read alike.
+
+    ``entry`` is that config's figures for the workload, ``{}`` where it did not run.
+    """
+    return [[f"`{w}`"] + [cell(ws["configs"].get(c, {})) for c in configs] for w, ws in s.items()]
 
 
 def _accuracy_labels(result: dict) -> list[str]:
@@ -109,18 +118,13 @@ def render_markdown(result: dict) -> str:
 
     # slowdown
     lines += ["## Slowdown (median over alternating runs)", ""]
-    rows = []
-    for w, ws in s.items():
-        row = [f"`{w}`"]
-        for c in configs:
-            e = ws["configs"].get(c)
-            if not e or e["slowdown"] is None:
-                row.append("–")
-            else:
-                lo, hi = e["slowdown_range"]
-                row.append(f"{e['slowdown']:.3f}x ({lo:.2f}–{hi:.2f})")
-        rows.append(row)
-    lines += _table(["workload"] + configs, rows)
+    def slowdown_cell(e: dict) -> str:
+        if not e or e["slowdown"] is None:
+            return "–"
+        lo, hi = e["slowdown_range"]
+        return f"{e['slowdown']:.3f}x ({lo:.2f}–{hi:.2f})"
+
+    lines += _table(["workload"] + configs, _config_rows(s, configs, slowdown_cell))
     lines += ["How noisy the machine was: the same ratio between consecutive *no-profiler* runs "
               "(ideally exactly 1: its typical deviation is the resolution of the table above), "
               "and the share of wall time the unprofiled process had a CPU (1.0 when nothing else ran; "
@@ -132,13 +136,11 @@ def render_markdown(result: dict) -> str:
                       ", ".join(f"{x:.3f}" for x in ws["noise"]["none_over_previous_none"]) or "–",
                       _fmt(ws["noise"]["none_cpu_over_wall"], ".2f")] for w, ws in s.items()])
     lines += _table(["workload (fastest/fastest)"] + configs,
-                    [[f"`{w}`"] + [_fmt(ws["configs"].get(c, {}).get("slowdown_of_minimums"), ".3f", "x")
-                                   for c in configs] for w, ws in s.items()])
+                    _config_rows(s, configs, lambda e: _fmt(e.get("slowdown_of_minimums"), ".3f", "x")))
     lines += ["Process CPU over the paired no-profiler run (includes the profiler's own threads; "
               "py-spy's CPU is in another process and not counted):", ""]
     lines += _table(["workload"] + configs,
-                    [[f"`{w}`"] + [_fmt(ws["configs"].get(c, {}).get("process_cpu_ratio"), ".3f", "x")
-                                   for c in configs] for w, ws in s.items()])
+                    _config_rows(s, configs, lambda e: _fmt(e.get("process_cpu_ratio"), ".3f", "x")))
 
     # accuracy
     labels = _accuracy_labels(result)
@@ -200,19 +202,15 @@ def render_markdown(result: dict) -> str:
                   "missed = deadlines skipped entirely, and the collector thread's own CPU per tick. "
                   "py-spy's rate is a rough count of its samples inside the timed run over the run's "
                   "duration, on single-thread workloads only (it can read a few percent above 100%).", ""]
-        rows = []
-        for w, ws in s.items():
-            row = [f"`{w}`"]
-            for c in samplers:
-                e = ws["configs"].get(c, {})
-                cell = _fmt(e.get("rate_ratio"), ".1%")
-                if e.get("late_fraction") is not None:
-                    cell += (f" (late {e['late_fraction']:.0%}, missed {e['missed_fraction']:.0%}, "
-                             f"{e['collector_cpu_per_tick_us']:.0f} µs/tick = "
-                             f"{_fmt(e.get('collector_cpu_share'), '.1%')} of the run)")
-                row.append(cell)
-            rows.append(row)
-        lines += _table(["workload"] + samplers, rows)
+        def rate_cell(e: dict) -> str:
+            cell = _fmt(e.get("rate_ratio"), ".1%")
+            if e.get("late_fraction") is not None:
+                cell += (f" (late {e['late_fraction']:.0%}, missed {e['missed_fraction']:.0%}, "
+                         f"{e['collector_cpu_per_tick_us']:.0f} µs/tick = "
+                         f"{_fmt(e.get('collector_cpu_share'), '.1%')} of the run)")
+            return cell
+
+        lines += _table(["workload"] + samplers, _config_rows(s, samplers, rate_cell))
 
     # memory
     lines += ["## Memory", "", "Peak RSS of the measured process at the end of the run, over the "
@@ -237,17 +235,13 @@ def render_markdown(result: dict) -> str:
                   "(stackshot: `analyze_samples`; pyinstrument: `session.root_frame()`; yappi: "
                   "`get_func_stats()`; cProfile: `pstats.Stats`), median ms; for stackshot also µs per "
                   "sample. py-spy writes its output itself at exit.", ""]
-        rows = []
-        for w, ws in s.items():
-            row = [f"`{w}`"]
-            for c in post:
-                e = ws["configs"].get(c, {})
-                cell = _fmt(None if e.get("analysis_seconds") is None else 1000 * e["analysis_seconds"], ".1f", " ms")
-                if e.get("analysis_us_per_sample") is not None:
-                    cell += f" ({e['analysis_us_per_sample']:.1f} µs/sample, {e['samples']:.0f} samples)"
-                row.append(cell)
-            rows.append(row)
-        lines += _table(["workload"] + post, rows)
+        def analysis_cell(e: dict) -> str:
+            cell = _fmt(None if e.get("analysis_seconds") is None else 1000 * e["analysis_seconds"], ".1f", " ms")
+            if e.get("analysis_us_per_sample") is not None:
+                cell += f" ({e['analysis_us_per_sample']:.1f} µs/sample, {e['samples']:.0f} samples)"
+            return cell
+
+        lines += _table(["workload"] + post, _config_rows(s, post, analysis_cell))
 
     lines += _microbench(result.get("sampler_microbench"))
     return "\n".join(lines).rstrip() + "\n"

@@ -332,13 +332,9 @@ def _delay(text: str) -> float:
 
 
 def _repeat(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+    from analyzer.cli import whole_number_argument
+
+    return whole_number_argument(text, 1)
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:

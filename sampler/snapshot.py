@@ -39,7 +39,7 @@ import itertools
 import math
 from array import array
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 FORMAT_VERSION = 1
 OVERFLOW = 0xFFFFFFFF
@@ -354,6 +354,59 @@ class Snapshots:
         return load(path)
 
 
+class StackTrie:
+    """The frames and the stack trie of a :class:`Snapshots` value being built.
+
+    Everything that makes or rewrites a value (:func:`merge`, the sampler's trimming
+    of its own frames, hand-built values in tests and benchmarks) interns frames and
+    stacks the same way -- stack ``0`` empty, each new ``(parent, frame)`` pair a new
+    stack after its parent -- so the same samples make the same value whichever code
+    built it.  This is that one way; pass ``frames``, ``stack_frame`` and
+    ``stack_parent`` to :class:`Snapshots`.
+    """
+
+    __slots__ = ("frames", "stack_frame", "stack_parent", "_frame_ids", "_stack_ids")
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.stack_frame = array("I", [0])
+        self.stack_parent = array("I", [0])
+        self._frame_ids: dict[Any, int] = {}
+        self._stack_ids: dict[tuple[int, int], int] = {}
+
+    def frame_id(self, frame: Frame, key: Any = None) -> int:
+        """The id of ``frame``, added to :attr:`frames` the first time it is seen.
+
+        Frames are told apart by ``key``, the frame itself by default; a caller
+        rewriting a value passes the old frame id, so that frames equal by value but
+        stored twice stay two frames.
+        """
+        if key is None:
+            key = frame
+        fid = self._frame_ids.get(key)
+        if fid is None:
+            fid = self._frame_ids[key] = len(self.frames)
+            self.frames.append(frame)
+        return fid
+
+    def stack_id(self, parent: int, frame_id: int) -> int:
+        """The id of the stack that is ``frame_id`` called from stack ``parent``."""
+        key = (parent, frame_id)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            sid = self._stack_ids[key] = len(self.stack_frame)
+            self.stack_frame.append(frame_id)
+            self.stack_parent.append(parent)
+        return sid
+
+    def path_id(self, frame_ids: Iterable[int]) -> int:
+        """The id of the stack of ``frame_ids``, outermost first (``0`` when empty)."""
+        sid = 0
+        for fid in frame_ids:
+            sid = self.stack_id(sid, fid)
+        return sid
+
+
 class SnapshotError(ValueError):
     """A snapshot value or file is malformed (corrupt, truncated, hostile or too new)."""
 
@@ -369,10 +422,7 @@ def merge(*parts: Snapshots) -> Snapshots:
     for p in parts:
         if not isinstance(p, Snapshots):
             raise TypeError(f"merge() takes Snapshots values, not {type(p).__name__}")
-    frame_ids: dict[Frame, int] = {}
-    frames: list[Frame] = []
-    stack_ids: dict[tuple[int, int], int] = {}
-    stack_frame, stack_parent = array("I", [0]), array("I", [0])
+    trie = StackTrie()
     mark_ids: dict[tuple, int] = {(): 0}
     mark_sets: list[tuple] = [()]
     keys: list[Any] = []
@@ -387,21 +437,10 @@ def merge(*parts: Snapshots) -> Snapshots:
     cpu_ov: dict[int, int] = {}
     any_marks = any(p.sample_marks is not None for p in parts)
     for p in parts:
-        fmap = []
-        for f in p.frames:
-            if f not in frame_ids:
-                frame_ids[f] = len(frames)
-                frames.append(f)
-            fmap.append(frame_ids[f])
+        fmap = [trie.frame_id(f) for f in p.frames]
         smap = array("I", [0]) * len(p.stack_frame)
         for i in range(1, len(p.stack_frame)):
-            key = (smap[p.stack_parent[i]], fmap[p.stack_frame[i]])
-            sid = stack_ids.get(key)
-            if sid is None:
-                sid = stack_ids[key] = len(stack_frame)
-                stack_frame.append(key[1])
-                stack_parent.append(key[0])
-            smap[i] = sid
+            smap[i] = trie.stack_id(smap[p.stack_parent[i]], fmap[p.stack_frame[i]])
         key_pos = [keys.index(k) for k in p.custom_keys]
         mmap = []
         for ms in p.mark_sets:
@@ -432,9 +471,10 @@ def merge(*parts: Snapshots) -> Snapshots:
         wall_ov.update((i + sample_base, v) for i, v in p.wall_overflow.items())
         cpu_ov.update((i + sample_base, v) for i, v in p.cpu_overflow.items())
     return Snapshots(
-        frames=frames, stack_frame=stack_frame, stack_parent=stack_parent, threads=threads,
-        sample_thread=cols["thread"], sample_stack=cols["stack"], sample_wall=cols["wall"],
-        sample_cpu=cols["cpu"], sample_marks=cols["marks"] if any_marks else None,
+        frames=trie.frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
+        threads=threads, sample_thread=cols["thread"], sample_stack=cols["stack"],
+        sample_wall=cols["wall"], sample_cpu=cols["cpu"],
+        sample_marks=cols["marks"] if any_marks else None,
         wall_overflow=wall_ov, cpu_overflow=cpu_ov, mark_sets=mark_sets, custom_keys=keys,
         runs=runs,
     )

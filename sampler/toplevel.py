@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TypeVar, Un
 from . import realthreads
 from .controller import Sampler, create_sampler
 from .groups import ThreadGroup
-from .snapshot import Frame, Snapshots
+from .snapshot import Frame, Snapshots, StackTrie
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers only; never imported at run time
     from analyzer.model import Profile
@@ -223,23 +223,10 @@ def trim_snapshots(
     ROOT, OUTER, OVERHEAD, STRIP, INNER = 0, 1, 2, 3, 4
     state = bytearray(n)  # stack 0, the empty stack, is ROOT
     new_id = array("I", bytes(4 * n))
-    frame_map: dict[int, int] = {}
-    new_frames: list[Frame] = []
-    interned: dict[tuple[int, int], int] = {}
-    new_sf, new_sp = array("I", [0]), array("I", [0])
+    trie = StackTrie()  # frames keyed by their old id: frames stored twice stay two
 
     def intern(parent: int, old_frame: int) -> int:
-        f = frame_map.get(old_frame)
-        if f is None:
-            f = frame_map[old_frame] = len(new_frames)
-            new_frames.append(frames[old_frame])
-        key = (parent, f)
-        s = interned.get(key)
-        if s is None:
-            s = interned[key] = len(new_sf)
-            new_sf.append(f)
-            new_sp.append(parent)
-        return s
+        return trie.stack_id(parent, trie.frame_id(frames[old_frame], key=old_frame))
 
     final = array("I", bytes(4 * n))
     for s in range(1, n):
@@ -261,7 +248,8 @@ def trim_snapshots(
         final[s] = 0 if new_id[s] == 0 or fr.filename in own else new_id[s]
 
     sample_stack = array("I", (final[s] for s in snapshots.sample_stack))
-    new_frames, new_sf, new_sp, sample_stack = _compact(new_frames, new_sf, new_sp, sample_stack)
+    new_frames, new_sf, new_sp, sample_stack = _compact(
+        trie.frames, trie.stack_frame, trie.stack_parent, sample_stack)
     return Snapshots(
         frames=new_frames, stack_frame=new_sf, stack_parent=new_sp, threads=snapshots.threads,
         sample_thread=snapshots.sample_thread, sample_stack=sample_stack,

@@ -4,6 +4,8 @@ A page's ```python blocks are run in order, each in a fresh namespace and a fres
 interpreter (so a sampler left running by one cannot disturb the next).  Where the
 paragraph after a block says what it prints (``prints `X` ``, several values
 separated by commas meaning several lines), the output must be exactly that.
+
+A page whose every example says so gets its tests from :func:`page_tests`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import pytest
+
+from run_helpers import REPO, repo_env
 DOCS = os.path.join(REPO, "scribblings")
 
 _BLOCK = re.compile(r"```python\n(.*?)```\n(?:\n((?:[^\n]+\n?)+))?", re.S)
@@ -49,12 +53,32 @@ def examples(page: str) -> list[Example]:
 
 
 def run(example: Example, cwd: str, timeout: float = 120) -> str:
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", example.code], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+                          cwd=cwd, env=repo_env(), timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"example at {example.id} failed:\n{proc.stderr}")
     if example.expected is not None:
         assert proc.stdout.splitlines() == example.expected, (
             f"example at {example.id} printed {proc.stdout!r}, the page says {example.expected!r}")
     return proc.stdout
+
+
+def page_tests(page: str, at_least: int) -> tuple[Callable[[], None], Callable[..., None]]:
+    """The two tests of a page whose every example says what it prints.
+
+    ``test_the_page_has_checked_examples``: the page has ``at_least`` examples (so a
+    broken block pattern cannot pass by finding none) and each says what it prints;
+    ``test_example``: each example, one test named ``page:line``, prints just that.
+    A test module binds both to those names, which is how pytest finds them.
+    """
+    page_examples = examples(page)
+
+    def test_the_page_has_checked_examples() -> None:
+        assert len(page_examples) >= at_least
+        assert all(e.expected for e in page_examples), [e.id for e in page_examples if not e.expected]
+
+    @pytest.mark.parametrize("example", page_examples, ids=[e.id for e in page_examples])
+    def test_example(example: Example, tmp_path) -> None:
+        run(example, str(tmp_path))
+
+    return test_the_page_has_checked_examples, test_example

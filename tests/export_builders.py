@@ -2,15 +2,18 @@
 
 A test says what was sampled in the terms a reader thinks in — which thread, which
 functions outermost first, the thread's CPU and wall clock at that moment — and
-:func:`build` does the interning and per-thread delta encoding the real collector
-does, so the exporters are tested on exactly the value they will receive.
+:func:`build` hands them to :class:`snapshot_builders.SnapshotsBuilder`, the
+interning and per-thread delta encoding the real collector does, so the exporters
+are tested on exactly the value they will receive (and on the encoding the
+analyzer's tests use).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Union
 
-from sampler.snapshot import Frame, RunInfo, Snapshots, ThreadInfo
+from sampler.snapshot import Frame, RunInfo, Snapshots
+from snapshot_builders import SnapshotsBuilder
 
 FrameSpec = Union[str, Frame, tuple]
 
@@ -38,57 +41,15 @@ def build(
     seconds at the sample.  An empty stack is an idle sample.  ``marks`` is the
     sample's mark set: a tuple, innermost extent first, of one-value-per-key tuples.
     """
-    frames: list[Frame] = []
-    frame_ids: dict[Frame, int] = {}
-    stack_frame, stack_parent = [0], [0]
-    stack_ids: dict[tuple[int, int], int] = {}
-    threads: list[ThreadInfo] = []
-    thread_ids: dict[str, int] = {}
-    last: dict[int, tuple[int, int]] = {}
-    mark_sets: list[tuple] = [()]
-    cols: dict[str, list[int]] = {k: [] for k in ("thread", "stack", "wall", "cpu", "marks")}
+    builder = SnapshotsBuilder(custom_keys)
     for row in samples:
         name, stack, cpu, wall = row[:4]
-        marks = tuple(row[4]) if len(row) > 4 else ()
-        tid = thread_ids.get(name)
-        if tid is None:
-            tid = thread_ids[name] = len(threads)
-            kind = (thread_kinds or {}).get(name, "thread")
-            threads.append(ThreadInfo(tid, name, 1000 + tid, kind, 0, wall, cpu))
-        sid = 0
-        for spec in stack:  # outermost first
-            fr = frame(spec)
-            fid = frame_ids.get(fr)
-            if fid is None:
-                fid = frame_ids[fr] = len(frames)
-                frames.append(fr)
-            key = (sid, fid)
-            if key not in stack_ids:
-                stack_ids[key] = len(stack_frame)
-                stack_frame.append(fid)
-                stack_parent.append(sid)
-            sid = stack_ids[key]
-        cpu_us, wall_us = round(cpu * 1e6), round(wall * 1e6)
-        prev = last.get(tid)
-        cols["cpu"].append(0 if prev is None else cpu_us - prev[0])
-        cols["wall"].append(0 if prev is None else wall_us - prev[1])
-        last[tid] = (cpu_us, wall_us)
-        cols["thread"].append(tid)
-        cols["stack"].append(sid)
-        mark_sets_index = 0
-        if marks:
-            if marks not in mark_sets:
-                mark_sets.append(marks)
-            mark_sets_index = mark_sets.index(marks)
-        cols["marks"].append(mark_sets_index)
-    return Snapshots(
-        frames=frames, stack_frame=stack_frame, stack_parent=stack_parent, threads=threads,
-        sample_thread=cols["thread"], sample_stack=cols["stack"], sample_wall=cols["wall"],
-        sample_cpu=cols["cpu"], sample_marks=cols["marks"] if custom_keys else None,
-        mark_sets=mark_sets, custom_keys=custom_keys,
-        runs=[run or RunInfo(pid=4242, host="testhost", python="3.x", start_epoch=1_700_000_000.0,
-                             duration=1.0, requested_delay=0.01, ticks=len(samples))],
-    )
+        builder.sample(name, cpu, wall, [frame(spec) for spec in stack],
+                       tuple(row[4]) if len(row) > 4 else (),
+                       name=name, kind=(thread_kinds or {}).get(name, "thread"))
+    return builder.build(run or RunInfo(pid=4242, host="testhost", python="3.x",
+                                        start_epoch=1_700_000_000.0, duration=1.0,
+                                        requested_delay=0.01, ticks=len(samples)))
 
 
 def steady(thread: str, stack: Sequence[FrameSpec], n: int, *, start: float = 0.0,

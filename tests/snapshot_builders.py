@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from sampler.snapshot import OVERFLOW, Frame, RunInfo, Snapshots, ThreadInfo
+from sampler.snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
 
 FrameSpec = Union[str, Frame, tuple]
 
@@ -41,72 +41,87 @@ def snapshots(
     first, each extent a ``{key: value}`` dict or a one-value-per-key tuple.
     ``cpu_time`` is the run's process CPU time (default: the CPU the threads used).
     """
-    frames: list[Frame] = []
-    frame_ids: dict[Frame, int] = {}
-    stack_frame, stack_parent = [0], [0]
-    stack_ids: dict[tuple[int, int], int] = {}
-    threads: list[ThreadInfo] = []
-    tids: dict[Any, int] = {}
-    last: dict[int, tuple[int, int]] = {}
-    mark_sets: list[tuple] = [()]
-    mark_ids: dict[tuple, int] = {(): 0}
-    cols: dict[str, list[int]] = {k: [] for k in ("thread", "stack", "wall", "cpu", "marks")}
-    overflow: dict[str, dict[int, int]] = {"wall": {}, "cpu": {}}
-    keys = list(custom_keys)
-    used_cpu = 0.0
+    builder = SnapshotsBuilder(custom_keys)
     for row in samples:
         label, cpu, wall, stack = row[:4]
-        tid = tids.get(label)
+        builder.sample(label, cpu, wall, [frame(spec) for spec in reversed(list(stack))],
+                       row[4] if len(row) > 4 else (),
+                       name=(thread_names or {}).get(label, str(label)))
+    return builder.build(RunInfo(process_cpu=builder.used_cpu if cpu_time is None else cpu_time,
+                                 custom_keys=tuple(builder.custom_keys)))
+
+
+class SnapshotsBuilder:
+    """Samples, one at a time, encoded into a ``Snapshots`` value as the collector does.
+
+    The one encoder behind every hand-built test value (:func:`snapshots` here and
+    ``export_builders.build``), so that the analyzer and the exporters are tested on
+    the same encoding: frames and stacks interned by :class:`StackTrie`, each
+    thread's clocks as microsecond deltas since its previous sample (``OVERFLOW`` and
+    the exact value where one does not fit), mark sets interned.
+    """
+
+    def __init__(self, custom_keys: Sequence[Any] = ()) -> None:
+        self.custom_keys = list(custom_keys)
+        self.used_cpu = 0.0
+        """CPU seconds the threads used between their samples (a run's default CPU time)."""
+        self._trie = StackTrie()
+        self._threads: list[ThreadInfo] = []
+        self._thread_ids: dict[Any, int] = {}
+        self._last: dict[int, tuple[int, int]] = {}
+        self._mark_sets: list[tuple] = [()]
+        self._mark_ids: dict[tuple, int] = {(): 0}
+        self._cols: dict[str, list[int]] = {k: [] for k in ("thread", "stack", "wall", "cpu", "marks")}
+        self._overflow: dict[str, dict[int, int]] = {"wall": {}, "cpu": {}}
+
+    def sample(self, thread: Any, cpu: float, wall: float, frames: Sequence[Frame],
+               marks: Sequence[Any] = (), *, name: str, kind: str = "thread") -> None:
+        """Append one sample of ``thread`` (any hashable label) whose clocks read ``cpu``
+        and ``wall`` seconds, in ``frames`` (outermost first; none: idle).
+
+        ``name`` and ``kind`` describe the thread when it is first seen; ``marks`` is
+        the mark set, innermost extent first (see :func:`snapshots`).
+        """
+        cols, last = self._cols, self._last
+        tid = self._thread_ids.get(thread)
         if tid is None:
-            tid = tids[label] = len(threads)
-            name = (thread_names or {}).get(label, str(label))
-            threads.append(ThreadInfo(tid, name, 1000 + tid, "thread", 0, wall, cpu))
-        sid = 0
-        for spec in reversed(list(stack)):  # intern outermost first
-            fr = frame(spec)
-            fid = frame_ids.get(fr)
-            if fid is None:
-                fid = frame_ids[fr] = len(frames)
-                frames.append(fr)
-            key = (sid, fid)
-            nxt = stack_ids.get(key)
-            if nxt is None:
-                nxt = stack_ids[key] = len(stack_frame)
-                stack_frame.append(fid)
-                stack_parent.append(sid)
-            sid = nxt
+            tid = self._thread_ids[thread] = len(self._threads)
+            self._threads.append(ThreadInfo(tid, name, 1000 + tid, kind, 0, wall, cpu))
+        sid = self._trie.path_id(self._trie.frame_id(fr) for fr in frames)
         cpu_us, wall_us = round(cpu * 1e6), round(wall * 1e6)
         prev = last.get(tid)
         index = len(cols["thread"])
         for col, now, before in (("cpu", cpu_us, prev and prev[0]), ("wall", wall_us, prev and prev[1])):
             delta = 0 if prev is None else now - before
             if delta < 0:
-                raise ValueError(f"sample {index}: the {col} clock of thread {label!r} went back")
+                raise ValueError(f"sample {index}: the {col} clock of thread {thread!r} went back")
             if delta >= OVERFLOW:
-                overflow[col][index] = delta
+                self._overflow[col][index] = delta
                 delta = OVERFLOW
             cols[col].append(delta)
         if prev is not None:
-            used_cpu += (cpu_us - prev[0]) / 1e6
+            self.used_cpu += (cpu_us - prev[0]) / 1e6
         last[tid] = (cpu_us, wall_us)
         cols["thread"].append(tid)
         cols["stack"].append(sid)
-        marks = row[4] if len(row) > 4 else ()
-        ms = tuple(_extent(e, keys) for e in marks)
-        mid = mark_ids.get(ms)
+        ms = tuple(_extent(e, self.custom_keys) for e in marks)
+        mid = self._mark_ids.get(ms)
         if mid is None:
-            mid = mark_ids[ms] = len(mark_sets)
-            mark_sets.append(ms)
+            mid = self._mark_ids[ms] = len(self._mark_sets)
+            self._mark_sets.append(ms)
         cols["marks"].append(mid)
-    run = RunInfo(process_cpu=used_cpu if cpu_time is None else cpu_time,
-                  custom_keys=tuple(keys))
-    return Snapshots(
-        frames=frames, stack_frame=stack_frame, stack_parent=stack_parent, threads=threads,
-        sample_thread=cols["thread"], sample_stack=cols["stack"], sample_wall=cols["wall"],
-        sample_cpu=cols["cpu"], sample_marks=cols["marks"] if keys else None,
-        wall_overflow=overflow["wall"], cpu_overflow=overflow["cpu"],
-        mark_sets=mark_sets, custom_keys=keys, runs=[run],
-    )
+
+    def build(self, run: RunInfo) -> Snapshots:
+        """The value of every sample so far, as one ``run``."""
+        cols, keys, trie = self._cols, self.custom_keys, self._trie
+        return Snapshots(
+            frames=trie.frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
+            threads=self._threads, sample_thread=cols["thread"], sample_stack=cols["stack"],
+            sample_wall=cols["wall"], sample_cpu=cols["cpu"],
+            sample_marks=cols["marks"] if keys else None,
+            wall_overflow=self._overflow["wall"], cpu_overflow=self._overflow["cpu"],
+            mark_sets=self._mark_sets, custom_keys=keys, runs=[run],
+        )
 
 
 def _extent(extent: Union[Mapping[Any, Any], Sequence[Any]], keys: list[Any]) -> tuple:

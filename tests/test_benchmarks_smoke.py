@@ -13,16 +13,15 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from run_helpers import REPO, repo_env
 
 
 def test_smoke_run_writes_json_and_markdown(tmp_path):
     out_json, out_md = tmp_path / "results.json", tmp_path / "RESULTS.md"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--smoke", "--python", sys.executable,
          "--json", str(out_json), "--markdown", str(out_md)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     result = json.loads(out_json.read_text())

@@ -22,16 +22,15 @@ from analyzer.renderers.flat import render_flat
 from analyzer import analyze_samples
 from sampler.snapshot import RunInfo, Snapshots
 from sampler.snapshot_file import MAGIC
+from run_helpers import SPIN_SOURCE, repo_env
 from snapshot_builders import snapshots as build_snapshots
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 180  # only against hangs: a loaded two-core machine is slow, never this slow
 
 
 def env() -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = REPO + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e.pop("PYTHONSAFEPATH", None)
+    e = repo_env()
+    e.pop("PYTHONSAFEPATH", None)  # scripts import modules beside them, as users' do
     return e
 
 
@@ -62,17 +61,7 @@ def assert_one_line_error(proc, *fragments):
         assert f in lines[0], lines[0]
 
 
-SPIN = """
-import time
-def spin(cpu_seconds):
-    # this much of the thread's CPU time: sampled however loaded the machine is
-    end = time.thread_time() + cpu_seconds
-    s = 0
-    while time.thread_time() < end:
-        for i in range(2000):
-            s += i
-    return s
-"""
+SPIN = SPIN_SOURCE
 
 
 BUSY = SPIN + """

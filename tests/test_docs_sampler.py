@@ -1,17 +1,5 @@
 """Every example of scribblings/sampler.md runs and prints what the page says."""
 
-import pytest
+from doc_examples import page_tests
 
-from doc_examples import examples, run
-
-EXAMPLES = examples("sampler.md")
-
-
-def test_the_page_has_checked_examples():
-    assert len(EXAMPLES) >= 6
-    assert all(e.expected for e in EXAMPLES), [e.id for e in EXAMPLES if not e.expected]
-
-
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
-def test_example(example, tmp_path):
-    run(example, str(tmp_path))
+test_the_page_has_checked_examples, test_example = page_tests("sampler.md", at_least=6)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from doc_examples import DOCS, REPO, examples, run
+from doc_examples import DOCS, examples, run
+from run_helpers import repo_env
 
 PAGES = ("toplevel.md", "cli.md")
 TIMEOUT = 300  # per command, only against hangs
@@ -127,9 +128,8 @@ def test_console_examples(page, tmp_path):
     work.mkdir()
     for name, body in saved_files(page).items():
         (work / name).write_text(body)
-    env = dict(os.environ)
+    env = repo_env()
     env["PATH"] = make_bin(str(tmp_path / "bin")) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for cmd in commands:
         proc = subprocess.run(["bash", "-c", cmd.command], cwd=work, env=env, text=True,
                               capture_output=True, timeout=TIMEOUT)

@@ -20,33 +20,30 @@ from sampler.toplevel import (
     TEXT, Profiler, _own_files, _run_thunk, call_renderer, profile, profile_thunk,
     trim_snapshots,
 )
+from run_helpers import REPO, spin
 from snapshot_builders import snapshots as build_snapshots
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLER_DIR = os.path.join(REPO, "sampler") + os.sep
 
 
-def spin(cpu_seconds: float) -> int:
-    """Burn this much of the calling thread's CPU time in Python code.
-
-    CPU time, not a loop count: enough work to be sampled however loaded the machine
-    is, and no assertion ever depends on how long it took.
-    """
-    end = time.thread_time() + cpu_seconds
-    s = 0
-    while time.thread_time() < end:
-        for i in range(2000):
-            s += i
-    return s
-
-
 def worker_loop(cpu_seconds: float) -> int:
+    """:func:`spin`'s work under another name: the profile must tell the worker
+    thread's work from the main thread's, so it is its own function, not a call."""
     end = time.thread_time() + cpu_seconds
     s = 0
     while time.thread_time() < end:
         for i in range(2000):
             s += i
     return s
+
+
+def spin_beside_a_worker() -> None:
+    """Spin while a thread started here runs :func:`worker_loop`: what ``threads=``
+    decides is whether that thread's work is in the profile too."""
+    t = threading.Thread(target=worker_loop, args=(0.1,))
+    t.start()
+    spin(0.05)
+    t.join()
 
 
 def names(prof: Profile) -> set:
@@ -101,14 +98,8 @@ def test_repeat_runs_the_thunk_n_times_and_returns_the_last_value():
 
 
 def test_threads_true_samples_the_threads_the_thunk_starts():
-    def thunk():
-        t = threading.Thread(target=worker_loop, args=(0.1,))
-        t.start()
-        spin(0.05)
-        t.join()
-
     r = Recorder()
-    profile_thunk(thunk, threads=True, render=r)
+    profile_thunk(spin_beside_a_worker, threads=True, render=r)
     prof = r.calls[0][0]
     assert {"worker_loop", "spin"} <= names(prof)
     assert len(prof.thread_times) == 2
@@ -118,14 +109,8 @@ def test_threads_true_samples_the_threads_the_thunk_starts():
 
 
 def test_threads_false_samples_the_calling_thread_only():
-    def thunk():
-        t = threading.Thread(target=worker_loop, args=(0.1,))
-        t.start()
-        spin(0.05)
-        t.join()
-
     r = Recorder()
-    profile_thunk(thunk, threads=False, render=r)
+    profile_thunk(spin_beside_a_worker, threads=False, render=r)
     prof = r.calls[0][0]
     assert "worker_loop" not in names(prof)
     assert len(prof.thread_times) == 1
