@@ -16,7 +16,8 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# The C extensions, one entry each: (module name, sources).
+# The C extensions, one entry each: (module name, files); .c files are compiled,
+# .h files are dependencies (a change rebuilds the module).
 EXTENSIONS = [
 ]
 
@@ -62,9 +63,10 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension(name, sources=sources, depends=[s for s in sources if s.endswith(".h")],
+        Extension(name, sources=[f for f in files if f.endswith(".c")],
+                  depends=[f for f in files if f.endswith(".h")],
                   extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wno-missing-field-initializers"])
-        for name, sources in EXTENSIONS
+        for name, files in EXTENSIONS
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )
