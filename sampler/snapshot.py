@@ -95,6 +95,7 @@ class RunInfo:
     custom_keys: tuple = ()
     stopped: bool = False
     errors: tuple = ()  # exceptions raised inside the collector, as text
+    engine: str = ""  # which engine took the samples: 'native' or 'python' ('' if unknown)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
