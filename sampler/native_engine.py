@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import read_cpu, thread_clock_id
+from .groups import notify_started, start_listeners
 from .marks import mark_entries
 from .recorder import Recorder, clock_for_target
 from .snapshot import Frame
@@ -44,44 +45,85 @@ _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
 
 
 class _Resolver:
-    """Turns sampled code addresses into :class:`Frame` values, under the GIL.
+    """Turns sampled code addresses into :class:`Frame` values.
 
-    An address is resolved only through ``_native.code_at``, which hands back the
-    object there only if it is still a live code object with the fingerprint taken
-    when the sample was read; the code object is dropped at once (a profile keeps
-    names and lines, never code, so a program that keeps making code keeps none of
-    it alive). An address whose code was freed before it could be resolved becomes
-    ``<unknown code>`` and is counted.
+    It never touches a sampled address: the object there may have been freed since
+    the sample. The C thread sends, once per code object it meets (and again when
+    another object is met at the same address), a copy of what a profile needs: the
+    qualified name, the file, the first line and the line table. Lines are looked up
+    in that table through a stand-in code object that has nothing else of the
+    original. A profile therefore keeps no code object alive, and a program that
+    keeps making code keeps none of its code through the profiler.
     """
 
-    def __init__(self) -> None:
+    MAX_CODES = 200_000  # then forget them all; the C thread sends them again
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._codes: dict[tuple[int, int], tuple[str, str, int, Any]] = {}
         self._frames: dict[tuple[int, int, int], Frame] = {}
         self.unresolved = 0
+
+    def learn(self, codes: list) -> None:
+        """File the code copies of one drain (before its samples)."""
+        if len(self._codes) + len(codes) > self.MAX_CODES:
+            self._codes.clear()
+            self._frames.clear()
+            self._engine.forget_codes()
+        for addr, fp, firstlineno, code_bytes, name_kind, name, file_kind, filename, table in codes:
+            self._codes[(addr, fp)] = (_text(name, name_kind) or "<unknown>", _text(filename, file_kind),
+                                       firstlineno, _line_table(code_bytes, firstlineno, table))
 
     def frame(self, code_addr: int, lasti: int, fingerprint: int) -> Frame:
         key = (code_addr, fingerprint, lasti)
         found = self._frames.get(key)
         if found is not None:
             return found
-        code = _native.code_at(code_addr, fingerprint)
+        code = self._codes.get((code_addr, fingerprint))
         if code is None:
             self.unresolved += 1
-            return _UNKNOWN  # not cached: the next drain may still find it live
-        found = Frame(getattr(code, "co_qualname", code.co_name), code.co_filename, code.co_firstlineno,
-                      _line_of(code, lasti))
-        del code
-        if len(self._frames) > 1_000_000:
-            self._frames.clear()
-        self._frames[key] = found
+            return _UNKNOWN
+        name, filename, firstlineno, lines = code
+        found = self._frames[key] = Frame(name, filename, firstlineno, _line_of(lines, firstlineno, lasti))
         return found
 
 
-def _line_of(code: Any, lasti: int) -> Optional[int]:
+def _text(raw: bytes, kind: int) -> str:
+    """A copied string's characters (1, 2 or 4 bytes each) as text."""
+    if kind == 1:
+        return raw.decode("latin-1")
+    return raw.decode("utf-16-le" if kind == 2 else "utf-32-le", errors="replace")
+
+
+def _template() -> None:
+    pass
+
+
+_NO_TABLE = {"co_exceptiontable": b""} if sys.version_info >= (3, 11) else {}
+
+
+def _line_table(code_bytes: int, firstlineno: int, table: bytes) -> Optional[Any]:
+    """A stand-in code object carrying a copied line table (for ``co_lines``)."""
+    if not table or code_bytes <= 0 or code_bytes % 2:
+        return None
+    try:
+        return _template.__code__.replace(co_code=bytes(code_bytes), co_linetable=table,
+                                          co_firstlineno=firstlineno, **_NO_TABLE)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _line_of(lines: Optional[Any], firstlineno: int, lasti: int) -> Optional[int]:
     if lasti < 0:
-        return code.co_firstlineno
-    for start, end, line in code.co_lines():
-        if start <= lasti < end:
-            return line
+        return firstlineno
+    if lines is None:
+        return None
+    try:
+        for start, end, line in lines.co_lines():
+            if start <= lasti < end:
+                return line
+    except (ValueError, SystemError):  # a torn copy of a table
+        return None
     return None
 
 
@@ -120,7 +162,7 @@ class NativeCollector:
         self.error_count = 0
         self.errors: list[str] = []
         self._engine = _native.Engine(delay, marks=bool(recorder.custom_keys))
-        self._resolver = _Resolver()
+        self._resolver = _Resolver(self._engine)
         self._slots: dict[int, _Slot] = {}  # slot number -> slot (this turn's and the last)
         self._previous: set[int] = set()
         self._slot_of: dict[int, int] = {}  # ident -> slot number
@@ -135,6 +177,7 @@ class NativeCollector:
 
     # -- the collector interface --------------------------------------------------
     def start(self) -> None:
+        start_listeners.add(self._thread_started)
         self._refresh_targets()
         self._engine.start()
         self.ident = realthreads.start_new_thread(self._main, ())
@@ -240,6 +283,7 @@ class NativeCollector:
         except BaseException:  # never let anything reach the program
             self._record_error()
         finally:
+            start_listeners.discard(self._thread_started)
             try:
                 self._engine.stop()
                 self._stats_after_stop = self._engine.stats()
@@ -260,6 +304,26 @@ class NativeCollector:
             self.errors.append(traceback.format_exc())
 
     # -- what to read ----------------------------------------------------------------
+    def _thread_started(self) -> None:
+        """A group member or a tracked thread starts: read it from now on."""
+        with self.state_lock:
+            running = not (self.stopped or self.paused)
+        if running:
+            self._refresh_targets()
+
+    def _watch_unstarted(self, tracker: Tracker) -> None:
+        """Tracked threads not started yet announce their start (see groups)."""
+        for t in tracker.threads:
+            if t.ident is None and not getattr(t, "_stackshot_announces", False):
+                inner_run = t.run
+
+                def run_and_announce(inner_run: Any = inner_run) -> None:
+                    notify_started()
+                    inner_run()
+
+                t.run = run_and_announce  # type: ignore[method-assign]
+                t._stackshot_announces = True  # type: ignore[attr-defined]
+
     def _refresh_targets(self) -> None:
         """Give the C thread the OS threads to read now.
 
@@ -268,6 +332,8 @@ class NativeCollector:
         with self.state_lock:
             tracker = self.tracker
         with self.recorder.lock:
+            if tracker is not self._tracker_applied:
+                self._watch_unstarted(tracker)
             self._tracker_applied = tracker
             frames = sys._current_frames()
             pairs = tracker.targets(frames)
@@ -334,7 +400,9 @@ class NativeCollector:
         recorder = self.recorder
         start_us = recorder.start * 1e6
         with recorder.lock:  # held across the drain: samples are filed in order
-            samples = self._engine.drain()
+            samples, codes = self._engine.drain()
+            if codes:
+                self._resolver.learn(codes)
             for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
                 slot = self._slots.get(number)
                 if slot is None:
