@@ -18,6 +18,7 @@ joining a :class:`~sampler.groups.ThreadGroup` or appearing under ``ALL_THREADS`
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import time
@@ -174,6 +175,7 @@ class NativeCollector:
         self._tracker_applied: Optional[Tracker] = None
         self._stats_after_stop: Optional[dict] = None
         self._forked = False
+        self._draining: Optional[int] = None  # the thread filing samples now
 
     # -- the collector interface --------------------------------------------------
     def start(self) -> None:
@@ -206,8 +208,12 @@ class NativeCollector:
         return False
 
     def flush(self) -> None:
-        """File every sample taken so far (the controller calls this before a snapshot)."""
-        if not self._forked:
+        """File every sample taken so far (the controller calls this before a snapshot).
+
+        Called again on a thread that is already filing (a signal handler asking for
+        the profile in the middle of a drain), it files nothing: the outer drain is
+        half way through older samples, which must go first."""
+        if not self._forked and self._draining != realthreads.get_ident():
             self._drain()
 
     def reset_after_fork(self) -> None:
@@ -397,35 +403,42 @@ class NativeCollector:
 
     # -- filing the samples -------------------------------------------------------------
     def _drain(self) -> None:
+        with self.recorder.lock:  # held across the drain: samples are filed in order
+            self._draining = realthreads.get_ident()
+            try:
+                self._file(*self._engine.drain())
+            finally:
+                self._draining = None
+
+    def _file(self, samples: list, codes: list) -> None:
+        """File one drain's samples under their threads and greenlets."""
         recorder = self.recorder
         start_us = recorder.start * 1e6
-        with recorder.lock:  # held across the drain: samples are filed in order
-            samples, codes = self._engine.drain()
-            if codes:
-                self._resolver.learn(codes)
-            for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
-                slot = self._slots.get(number)
-                if slot is None:
-                    continue
-                wall_us = int(wall_ns / 1000 - start_us)
-                cpu_us = cpu_ns // 1000
-                if raw is None:  # the thread did not run since its last sample
-                    sid, base, mid = slot.last_stack, slot.last_base, slot.last_marks
-                else:
-                    sid = self._stack_id(raw, flags)
-                    mid = self._mark_set(marks) if marks else 0
-                    slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
-                if slot.thread is not None:
-                    ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+        if codes:
+            self._resolver.learn(codes)
+        for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
+            slot = self._slots.get(number)
+            if slot is None:
+                continue
+            wall_us = int(wall_ns / 1000 - start_us)
+            cpu_us = cpu_ns // 1000
+            if raw is None:  # the thread did not run since its last sample
+                sid, base, mid = slot.last_stack, slot.last_base, slot.last_marks
+            else:
+                sid = self._stack_id(raw, flags)
+                mid = self._mark_set(marks) if marks else 0
+                slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
+            if slot.thread is not None:
+                ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+                recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
+            for target, gbase in slot.greenlets:
+                ctx = recorder.context(target, None, wall_us, cpu_us)
+                if gbase == base and sid:
                     recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-                for target, gbase in slot.greenlets:
-                    ctx = recorder.context(target, None, wall_us, cpu_us)
-                    if gbase == base and sid:
-                        recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-                    elif ctx.running and not getattr(target.key, "dead", False):
-                        # switched out: close its interval once
-                        recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
-                        ctx.running = False
+                elif ctx.running and not getattr(target.key, "dead", False):
+                    # switched out: close its interval once
+                    recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
+                    ctx.running = False
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)
@@ -457,3 +470,7 @@ class NativeCollector:
                 vector[i] = value
                 vectors.append(tuple(vector))
         return recorder.mark_set_id(tuple(vectors))
+
+
+if hasattr(os, "register_at_fork"):  # the module's own locks, in a forked child
+    os.register_at_fork(after_in_child=_native.after_fork)

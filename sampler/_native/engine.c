@@ -571,9 +571,17 @@ static PyObject *Engine_start(Engine *e, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* Lock the engine without holding the GIL hostage for long: the collector holds the
- * lock only for a tick, and never needs the GIL, so a plain lock cannot deadlock. */
-#define LOCK(e) pthread_mutex_lock(&(e)->lock)
+/* Lock the engine from Python. The collector holds the lock for a tick and never
+ * needs the GIL, so waiting cannot deadlock; but a tick over a deep stack takes a
+ * while, and the program should not wait for it with the GIL held: when the lock is
+ * taken, wait with the GIL released. */
+static void lock_from_python(Engine *e) {
+    if (pthread_mutex_trylock(&e->lock) == 0) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->lock);
+    Py_END_ALLOW_THREADS
+}
+#define LOCK(e) lock_from_python(e)
 #define UNLOCK(e) pthread_mutex_unlock(&(e)->lock)
 
 static PyObject *Engine_stop(Engine *e, PyObject *unused) {
@@ -803,7 +811,7 @@ static PyObject *Engine_forget_after_fork(Engine *e, PyObject *unused) {
 
 static void Engine_dealloc(Engine *e) {
     if (e->thread_started) {
-        LOCK(e);
+        pthread_mutex_lock(&e->lock);
         e->stopped = 1;
         pthread_cond_signal(&e->wake);
         UNLOCK(e);
