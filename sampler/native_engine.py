@@ -220,7 +220,10 @@ class NativeCollector:
         the profile in the middle of a drain), it files nothing: the outer drain is
         half way through older samples, which must go first."""
         if not self._forked and self._draining != realthreads.get_ident():
-            self._drain()
+            try:
+                self._drain()
+            except Exception:  # the collector's trouble, kept, never the program's
+                self._record_error()
 
     def reset_after_fork(self) -> None:
         """In a forked child neither thread exists: keep what was filed, stop for good."""
