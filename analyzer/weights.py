@@ -15,16 +15,18 @@ of a thread (an *interval*) has to be given to someone.  Two rules:
     ``cur - prev``, a thread's first sample ``0`` (no interval ends there), and the
     weights of a thread add up to exactly its time from first to last sample.
 
-``'active'`` (the default for snapshots' CPU time)
+``'active'``
     As ``'end'``, except where the thread was idle right after the sample ending the
     interval (it used less than :data:`IDLE_FRACTION` of the next interval in CPU
     time): then the interval's CPU is charged to the sample that *started* it, the
-    last place the thread was seen running. A thread that computes and then blocks
-    (a burst of work, then a sleep or a wait for I/O) spent that CPU before it
-    blocked, not in the call it blocked in. Under wall-clock weighting it is
-    ``'end'``. Measured on ``benchmarks`` workload ``bursty`` (3 ms of work, 8 ms of
-    sleep), sampled where the thread really is (the native engine), ``'end'`` gives
-    the caller of ``sleep`` 15--19% of the CPU that was spent in the work.
+    last place the thread was seen running. It guesses from CPU figures what the
+    native engine knows: a thread that computes and then blocks spent that CPU
+    before it blocked, not in the call it blocks in. The native engine asks the
+    kernel whether a thread it samples is asleep, and files such a run as a sample
+    of its own where the thread was running, so ``'end'`` is right on its samples;
+    the guess cannot tell a thread that blocked from one that waits for a CPU on a
+    busy machine, and then moves CPU where it does not belong (measured on the
+    ``bursty`` workload under load). Under wall-clock weighting it is ``'end'``.
 
 Why not one rule: in CPython a thread inside a long C call (``sorted`` of a big list, a
 pathological regex) holds the GIL, so the collector cannot run until the call
@@ -35,7 +37,7 @@ workload ``gil_call``): 20--24 points of attribution error with ``'midpoint'``,
 0.3--2.9 with ``'end'``; on every other workload the rules agree within noise.
 
 Defaults (``interval=None``, "the input's natural rule", :func:`resolve_interval`):
-``'active'`` for ``Snapshots``, ``'midpoint'`` for Racket's raw shape (so Racket's own
+``'end'`` for ``Snapshots``, ``'midpoint'`` for Racket's raw shape (so Racket's own
 examples give Racket's numbers).
 
 Edge cases (:func:`sample_weights`, ``fromsnapshots.aggregate`` and ``rawshape``
@@ -67,7 +69,7 @@ from operator import add
 from typing import Any, Iterator, Optional, Sequence
 
 INTERVALS = ("midpoint", "end", "active")
-NATURAL_INTERVAL = {"snapshots": "active", "raw": "midpoint"}
+NATURAL_INTERVAL = {"snapshots": "end", "raw": "midpoint"}
 """The rule ``interval=None`` stands for, by input: see the module docstring."""
 CLOCKS = ("cpu", "wall")
 SCALE = {"midpoint": 0.5e-6, "end": 1e-6, "active": 1e-6}

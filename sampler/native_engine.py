@@ -46,6 +46,7 @@ MAX_KEY_CACHE_BYTES = 16 << 20
 
 MAX_KEPT_ERRORS = 10
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
+ASLEEP = _native.ASLEEP
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
 
@@ -136,7 +137,8 @@ def _line_of(lines: Optional[Any], firstlineno: int, lasti: int) -> Optional[int
 class _Slot:
     """One OS thread the C thread reads, and what its samples are filed under."""
 
-    __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks")
+    __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks", "last_wall_us",
+                 "last_cpu_us")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -145,6 +147,8 @@ class _Slot:
         self.last_stack = 0
         self.last_base = 0
         self.last_marks = 0
+        self.last_wall_us = 0
+        self.last_cpu_us = 0
 
 
 class NativeCollector:
@@ -384,7 +388,7 @@ class NativeCollector:
                     self._slots[number] = _Slot(ident)
                 slot = current[number] = self._slots[number]
                 slot.thread, slot.greenlets = thread, greenlets
-                native.append((number, tstate, ident, self._clock(slot, native_id)))
+                native.append((number, tstate, ident, self._clock(slot, native_id), self._tid(slot, native_id)))
             # Samples already buffered may name a slot no longer wanted: keep it one
             # more turn, then forget it (the thread has gone or is no longer tracked).
             for number in [n for n in self._slots if n not in current and n not in self._previous]:
@@ -401,6 +405,15 @@ class NativeCollector:
             if clock is not None:
                 return clock
         return thread_clock_id(native_id or None, slot.ident)
+
+    @staticmethod
+    def _tid(slot: _Slot, native_id: int) -> int:
+        """The kernel's id of the thread (0: unknown), for its run state."""
+        if slot.ident == realthreads.get_ident():
+            return realthreads.get_native_id()
+        if slot.thread is not None and slot.thread.native_id:
+            return slot.thread.native_id
+        return native_id or 0
 
     def _greenlet_base(self, target: Target, frame: Any) -> Optional[int]:
         """The address of the greenlet's outermost frame (fixed for its life)."""
@@ -437,22 +450,36 @@ class NativeCollector:
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
             if raw is None:  # the thread did not run since its last sample
-                sid, base, mid = slot.last_stack, slot.last_base, slot.last_marks
-            else:
-                sid = self._stack_id(raw, flags)
-                mid = self._mark_set(marks) if marks else 0
-                slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
-            if slot.thread is not None:
-                ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+                self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
+                continue
+            if flags & ASLEEP and slot.last_stack and cpu_us > slot.last_cpu_us:
+                # It ran since its last sample, then went to sleep: that CPU went on
+                # from where it was last seen, not into the call it sleeps in. File
+                # the run first, as a sample there when the CPU ran out (at the
+                # latest, now), then the sleep with no CPU of its own.
+                ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
+                self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, ran_until, cpu_us)
+            sid = self._stack_id(raw, flags)
+            mid = self._mark_set(marks) if marks else 0
+            self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
+
+    def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
+        """One sample of the OS thread of ``slot``: under the thread, if tracked, and
+        under the tracked greenlet whose outermost frame it shows."""
+        recorder = self.recorder
+        slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
+        slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
+        if slot.thread is not None:
+            ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
+        for target, gbase in slot.greenlets:
+            ctx = recorder.context(target, None, wall_us, cpu_us)
+            if gbase == base and sid:
                 recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-            for target, gbase in slot.greenlets:
-                ctx = recorder.context(target, None, wall_us, cpu_us)
-                if gbase == base and sid:
-                    recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-                elif ctx.running and not getattr(target.key, "dead", False):
-                    # switched out: close its interval once
-                    recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
-                    ctx.running = False
+            elif ctx.running and not getattr(target.key, "dead", False):
+                # switched out: close its interval once
+                recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
+                ctx.running = False
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)

@@ -134,3 +134,40 @@ def test_a_thread_holding_the_gil_is_seen_where_it_is():
     snaps = ctl.get_snapshots()
     tops = [snaps.stack_frames(s)[0].name.rpartition(".")[2] for s in snaps.sample_stack if s]
     assert tops and tops.count("inner_loop") / len(tops) > 0.8, tops[:20]
+
+
+def _interpreter_stack(frame) -> list:
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        out.append((getattr(code, "co_qualname", code.co_name), code.co_filename, code.co_firstlineno,
+                    frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+def test_lines_and_names_are_those_of_the_code(sampler_engine):
+    """A thread blocked at a quiet point: every frame of its sampled stack (function,
+    file, first line, line) is what the interpreter itself reports for it (the
+    native engine copies names and line tables from the code objects it reads)."""
+    ready, done = threading.Event(), threading.Event()
+
+    class Waiter:
+        def wait_here(self) -> None:
+            ready.set()
+            done.wait()
+
+    t = threading.Thread(target=Waiter().wait_here)
+    t.start()
+    ready.wait()
+    from sampling_helpers import wait_until
+    wait_until(lambda: _interpreter_stack(sys._current_frames()[t.ident])[0][0].endswith("wait"))
+    expected = _interpreter_stack(sys._current_frames()[t.ident])
+    ctl = sampler.create_sampler(t, 0.001)
+    wait_until(lambda: len(ctl.get_snapshots()) >= 3)
+    ctl.stop()
+    done.set()
+    t.join()
+    snaps = ctl.get_snapshots()
+    stacks = {tuple(tuple(f) for f in snaps.stack_frames(s)) for s in snaps.sample_stack if s}
+    assert stacks == {tuple(expected)}

@@ -20,6 +20,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +32,7 @@
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 
-enum { SS_REPEAT = 1, SS_TRUNCATED = 2 };
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
@@ -76,6 +77,8 @@ typedef struct {
     int has_last;      /* a sample was taken: an unchanged CPU clock repeats it */
     int gone;          /* the thread has exited (clock or thread state says so) */
     int64_t last_cpu;
+    long tid;          /* the kernel's thread id, 0 when unknown */
+    int stat_fd;       /* /proc/self/task/<tid>/stat, opened when first needed; -1 */
 } ss_target;
 
 typedef struct {
@@ -303,12 +306,14 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
     *flags = 0;
     int steps = 0;
     char own[SS_FRAME_SIZE];
+    uintptr_t top_code = 0;
     while (addr != 0) {
         if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a cycle: a torn read */
         const char *bytes = frame_bytes(e, &r, addr, own);
         if (bytes == NULL) return -2;
         ss_frame f;
         ss_decode_frame(bytes, addr, &f);
+        if (steps == 1) top_code = f.code;
         if (!f.skip) {
             if (depth < SS_MAX_DEPTH) {
                 e->frames[depth].code = f.code;
@@ -329,7 +334,7 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
         ss_frame again;
         if (ss_read(&e->reader, own, view.top, sizeof own) != 0) return -2;
         ss_decode_frame(own, view.top, &again);
-        if (again.code != e->frames[0].code) return -2;
+        if (again.code != top_code) return -2;
     }
     for (int i = 0; i < depth; i++) e->frames[i].fingerprint = code_fingerprint(e, (uintptr_t)e->frames[i].code);
     return depth;
@@ -351,6 +356,39 @@ static void append_record(Engine *e, const ss_record *rec, const ss_entry *frame
     if (rec->nmarks) memcpy(p, marks, (size_t)rec->nmarks * sizeof(uint32_t));
     b->used += need;
     e->samples++;
+}
+
+/* Whether the kernel has the thread asleep (waiting for something) rather than on
+ * a CPU or waiting for one. A thread whose CPU clock moved since its last sample and
+ * that is asleep now ran, then blocked: the CPU went into whatever it did before
+ * blocking, not into the call it blocks in. Only asked of threads that ran. */
+static int is_asleep(ss_target *t) {
+    if (t->tid <= 0) return 0;
+    if (t->stat_fd < 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/task/%ld/stat", t->tid);
+        t->stat_fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (t->stat_fd < 0) {
+            t->tid = 0;  /* not readable here: never ask again */
+            return 0;
+        }
+    }
+    char buf[128];
+    ssize_t n = pread(t->stat_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    /* "tid (comm) S ...": the name may hold spaces and parentheses; the state
+     * follows the last ") " in the line (the name is at most 16 bytes) */
+    char *end = NULL;
+    for (char *p = buf; (p = strstr(p, ") ")) != NULL; p++) end = p;
+    if (end == NULL) return 0;
+    char state = end[2];
+    return state == 'S' || state == 'D' || state == 'I' || state == 't' || state == 'T';
+}
+
+static void close_target(ss_target *t) {
+    if (t->stat_fd >= 0) close(t->stat_fd);
+    t->stat_fd = -1;
 }
 
 static void sample_target(Engine *e, ss_target *t, int64_t wall) {
@@ -379,6 +417,7 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
         e->reads_failed++;
         return;
     }
+    if (t->has_last && is_asleep(t)) flags |= SS_ASLEEP;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -478,7 +517,9 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->name_copy);
     PyMem_RawFree(e->file_copy);
     PyMem_RawFree(e->table_copy);
+    for (Py_ssize_t j = 0; e->targets && j < e->n_targets; j++) close_target(&e->targets[j]);
     PyMem_RawFree(e->targets);
+    e->n_targets = 0;
     e->active.data = e->spare.data = NULL;
     e->frames = NULL;
     e->addrs = NULL;
@@ -619,7 +660,7 @@ static PyObject *Engine_set_state(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_targets([(ctx, tstate, ident, clock or None), ...]) */
+/* set_targets([(ctx, tstate, ident, clock or None, tid), ...]) */
 static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "set_targets takes a sequence of tuples");
     if (seq == NULL) return NULL;
@@ -634,12 +675,15 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
         unsigned long long tstate;
         unsigned long ident;
         unsigned int ctx;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKkO", &ctx, &tstate, &ident, &clock)) {
+        long tid = 0;
+        fresh[i].stat_fd = -1;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKkO|l", &ctx, &tstate, &ident, &clock, &tid)) {
             PyMem_RawFree(fresh);
             Py_DECREF(seq);
             return NULL;
         }
         fresh[i].ctx = ctx;
+        fresh[i].tid = tid;
         fresh[i].tstate = (uintptr_t)tstate;
         fresh[i].ident = ident;
         if (clock != Py_None) {
@@ -663,14 +707,20 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
                 fresh[i].has_last = old->has_last;
                 fresh[i].last_cpu = old->last_cpu;
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
+                if (old->tid == fresh[i].tid) {  /* the same thread: keep its open stat file */
+                    fresh[i].stat_fd = old->stat_fd;
+                    old->stat_fd = -1;
+                }
                 break;
             }
         }
     }
     ss_target *old = e->targets;
+    Py_ssize_t n_old = e->n_targets;
     e->targets = fresh;
     e->n_targets = n;
     UNLOCK(e);
+    for (Py_ssize_t j = 0; j < n_old; j++) close_target(&old[j]);
     PyMem_RawFree(old);
     Py_RETURN_NONE;
 }
@@ -945,6 +995,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "MAX_MARKS", SS_MAX_MARKS);
     PyModule_AddIntConstant(m, "REPEAT", SS_REPEAT);
     PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
+    PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
     return m;
