@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Mapping, Optional, Sequence
 
+from sampler.outputfile import write_atomically
+
 from .analyze import GRANULARITIES, WEIGHTS, analyze_samples
 from .jsonform import profile_to_json
 from .model import Edge, Node, Profile
@@ -342,9 +344,8 @@ def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] 
     """Render ``snapshots`` and write the result to ``--render-to`` or ``stdout``."""
     data = render_output(snapshots, opts)
     if opts.render_to is not None:
-        try:
-            with open(opts.render_to, "wb") as f:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        try:  # never truncate a good file first: a failed render leaves it as it was
+            write_atomically(opts.render_to, data)
         except OSError as e:
             raise CLIError(f"cannot write {opts.render_to}: {e.strerror or e}") from None
         return
@@ -355,12 +356,23 @@ def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] 
             binary: Any = getattr(out, "buffer", out)
             binary.write(data)
         else:
-            out.write(data)
+            out.write(_encodable(data, getattr(out, "encoding", None)))
         out.flush()
     except BrokenPipeError:
         raise  # the reader went away (`| head`): the caller ends quietly
     except (OSError, ValueError) as e:  # ValueError: the stream was closed
         raise CLIError(f"cannot write to standard output: {e}") from None
+
+
+def _encodable(text: str, encoding: Optional[str]) -> str:
+    """``text`` with what ``encoding`` cannot hold (lone surrogates from undecodable file
+    names, say) as backslash escapes, so writing it cannot fail half-way."""
+    if not encoding:
+        return text
+    try:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        return text
 
 
 # ----------------------------------------------------------------------------------

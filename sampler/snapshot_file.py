@@ -61,14 +61,15 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 import os
 import re
-import secrets
 import sys
 import zlib
 from array import array
 from typing import IO, Any, Callable, NoReturn, Optional, Union
 
+from .outputfile import write_atomically
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, SnapshotError, Snapshots, ThreadInfo
 
 __all__ = ["save", "load", "MAGIC", "DEFAULT_COMPRESSLEVEL"]
@@ -129,8 +130,6 @@ def save(snapshots: Snapshots, path: PathOrFile, *,
     header_bytes = _encode_header(snapshots)
     if _is_path(path):
         target = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
-        if os.path.islink(target):  # update the file a symlink points to, keep the link
-            target = os.path.realpath(target)
         _save_atomically(snapshots, header_bytes, target, compresslevel)
     else:
         _write_stream(snapshots, header_bytes, path, compresslevel)  # type: ignore[arg-type]
@@ -142,42 +141,11 @@ def _is_path(path: object) -> bool:
 
 def _save_atomically(snapshots: Snapshots, header_bytes: bytes, path: str,
                      compresslevel: int) -> None:
-    """Write to a fresh temporary file beside ``path``, fsync it, then rename it over.
-
-    The temporary file is created with ``os.open(..., 0o666)`` so the process umask
-    applies, as it would to ``open(path, 'wb')``; an existing target's mode is kept.
-    """
-    directory, base = os.path.split(path)
-    if not base:
+    """Write through a temporary file beside ``path``, renamed over it when complete
+    (:func:`sampler.outputfile.write_atomically`)."""
+    if not os.path.basename(path):
         raise IsADirectoryError(f"save() needs a file name, not the directory {path!r}")
-    try:
-        mode: Optional[int] = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory or ".", f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:  # pragma: no cover - 100 collisions of 48 random bits
-        raise FileExistsError(f"could not create a temporary file beside {path!r}")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            _write_stream(snapshots, header_bytes, raw, compresslevel)
-            raw.flush()
-            os.fsync(raw.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, lambda raw: _write_stream(snapshots, header_bytes, raw, compresslevel))
 
 
 def _write_stream(snapshots: Snapshots, header_bytes: bytes, raw: IO[bytes],
@@ -489,12 +457,34 @@ def _one_line(e: BaseException) -> str:
 # ----------------------------------------------------------------------------------
 # Header checking, shared by save (on its own output) and load
 # ----------------------------------------------------------------------------------
+_INT64 = 1 << 63
+_MAX_DEPTH = 64  # nesting of JSON arrays/objects in the header (the layout itself uses 4)
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A 64-bit integer: every consumer (the exports' int64 fields, float arithmetic)
+    handles these, and nothing a sampler records is larger."""
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number within the int64 range: NaN, infinities and 400-digit integers
+    pass ``json`` but end in ``OverflowError``/``ValueError`` deep in a consumer."""
+    if isinstance(v, float):
+        return math.isfinite(v) and -_INT64 <= v < _INT64
+    return _is_int(v)
+
+
+def _check_depth(doc: Any, fail: Callable[[str], NoReturn]) -> None:
+    """Refuse a header nested deeper than :data:`_MAX_DEPTH` (iteratively, so the check
+    cannot itself overflow the stack): consumers that print a mark value recurse."""
+    stack = [(doc, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            if depth > _MAX_DEPTH:
+                fail(f"nested more than {_MAX_DEPTH} levels deep")
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
 
 
 def _hashable(v: Any) -> Any:
@@ -513,6 +503,7 @@ def _parse_header(doc: Any, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
     """
     if not isinstance(doc, dict):
         fail("not a JSON object")
+    _check_depth(doc, fail)
     required = ("frames", "threads", "runs", "mark_sets", "custom_keys",
                 "wall_overflow", "cpu_overflow", "sections")
     for key in required:
@@ -560,7 +551,7 @@ def _parse_header(doc: Any, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
         for pair in doc[key]:
             if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0])
                     and _is_int(pair[1])):
-                fail(f"{key} holds {_short_repr(pair)}, not an [index, microseconds] pair")
+                fail(f"{key} holds {_short_repr(pair)}, not an [index, microseconds] pair of 64-bit integers")
             if pair[0] in d:
                 fail(f"{key} names sample {pair[0]} twice")
             d[pair[0]] = pair[1]
@@ -621,6 +612,7 @@ _RUN_FIELD_TYPES: dict[str, str] = {
     f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
     for f in dataclasses.fields(RunInfo)
 }
+_KIND_NAMES = {"int": "a 64-bit integer", "float": "a finite number (within the int64 range)"}
 _RATE_FIELDS = frozenset({"requested_rate", "achieved_rate"})  # RunInfo.to_dict writes inf as "inf"
 
 
@@ -645,7 +637,7 @@ def _parse_run(d: Any, i: int, fail: Callable[[str], NoReturn]) -> RunInfo:
             "dict": isinstance(value, dict),
         }.get(kind, True)
         if not ok:
-            fail(f"runs[{i}].{name} is {_short_repr(value)}, not a {kind}")
+            fail(f"runs[{i}].{name} is {_short_repr(value)}, not {_KIND_NAMES.get(kind, 'a ' + kind)}")
     d = dict(d)
     if "custom_keys" in d:
         d["custom_keys"] = [_check_hashable(k, f"runs[{i}].custom_keys[{j}]", fail)
