@@ -140,7 +140,7 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         heaviest = sorted(threads.items(), key=lambda tv: -tv[1])
         for t, v in heaviest[:_THREADS_LISTED]:
             name = profile.thread_names.get(t)
-            who = f"{printable(name)} ({t})" if name else f"{t}"
+            who = f"{printable(name)} ({printable(t)})" if name else printable(t)
             parts.append(f"{who} {format_ms(to_ms(profile, v))}")
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
