@@ -72,7 +72,8 @@ from typing import IO, Any, Callable, NoReturn, Optional, Union
 from .outputfile import write_atomically
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, SnapshotError, Snapshots, ThreadInfo
 
-__all__ = ["save", "load", "MAGIC", "DEFAULT_COMPRESSLEVEL"]
+__all__ = ["save", "load", "load_limit", "MAGIC", "DEFAULT_COMPRESSLEVEL", "DEFAULT_LOAD_LIMIT",
+           "LOAD_LIMIT_ENV"]
 
 MAGIC = b"STACKSHOT SNAPSHOT\n"
 """First line of the uncompressed stream: how a file is recognised as ours."""
@@ -91,6 +92,22 @@ _OPTIONAL_SECTIONS = frozenset({"sample_marks"})
 
 _ITEMSIZE = 4  # typecode "I" in the file is always 4 bytes, little-endian
 _MAX_HEADER_BYTES = 1 << 30  # far above any real header; refuses absurd declarations
+
+DEFAULT_LOAD_LIMIT = 1 << 30
+"""What :func:`load` may allocate for one file, in bytes (1 GiB), unless told otherwise.
+
+A compressed file can expand ~1000-fold, and a JSON header of ``[],[],...`` becomes
+~20 times its size in Python objects: before this limit a 117 KB file took 3.2 GB
+and a 1 MB file 1.1 GB.  The cost of a file is known before it is paid -- the header's
+parsed size is estimated from its length and its count of JSON values, the sections'
+from their declared lengths (4 bytes an entry) -- and a file costing more is refused
+with a one-line :class:`SnapshotError` that says how to raise the limit: pass
+``limit=`` to :func:`load`, or set the environment variable ``STACKSHOT_LOAD_LIMIT_MB``
+(which ``python -m analyzer`` and notebooks honour too).  A million samples cost
+about 20 MB, so the default admits some fifty million."""
+LOAD_LIMIT_ENV = "STACKSHOT_LOAD_LIMIT_MB"
+_CONTAINER_COST = 160  # bytes a parsed JSON array/object may cost, parsed and then converted
+_VALUE_COST = 100  # bytes a parsed JSON value (after a ',' or ':') may cost, likewise
 _MAX_SECTION_LENGTH = (1 << 32) - 1  # ids are 32-bit, so no column can usefully be longer
 _CHUNK = 1 << 22  # bounded reads: memory grows only as bytes actually arrive
 _MAX_INT_DIGITS = 4000  # longest int literal load accepts: below CPython's limit (4300)
@@ -276,23 +293,27 @@ def _short_repr(v: Any) -> str:
 # ----------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------
-def load(path: PathOrFile) -> Snapshots:
+def load(path: PathOrFile, *, limit: Optional[int] = None) -> Snapshots:
     """Read a file written by :func:`save` and return the :class:`Snapshots` value.
 
     ``path`` is a str/bytes/PathLike or a binary file object (read to its end and left
     open).  A file that is not ours, newer than this code, truncated, corrupt or
     hostile raises :class:`SnapshotError` with a one-line message saying what is wrong;
-    an unreadable path raises the usual :class:`OSError`.
+    an unreadable path raises the usual :class:`OSError`.  ``limit`` bounds the bytes
+    loading may allocate (default: :func:`load_limit`); a file needing more is refused.
     """
+    budget = load_limit() if limit is None else limit
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"limit must be a positive number of bytes, not {budget!r}")
     if _is_path(path):
         p = os.fspath(path)
         with open(p, "rb") as f:
-            return _load_stream(f, os.fsdecode(p))
+            return _load_stream(f, os.fsdecode(p), budget)
     if hasattr(path, "read"):
         if isinstance(path, io.TextIOBase):
             raise TypeError("load() needs a binary file object (opened with 'rb'), not a text file")
         name = getattr(path, "name", None)
-        return _load_stream(path, name if isinstance(name, str) else None)  # type: ignore[arg-type]
+        return _load_stream(path, name if isinstance(name, str) else None, budget)  # type: ignore[arg-type]
     raise TypeError(f"load() needs a path or a binary file object, not {type(path).__name__}")
 
 
@@ -374,9 +395,45 @@ _VERSION_LINE = re.compile(rb"version (\d{1,9})\n\Z")
 _HEADER_LINE = re.compile(rb"header (\d{1,19})\n\Z")
 
 
-def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
+def load_limit() -> int:
+    """The bytes :func:`load` may allocate by default: ``STACKSHOT_LOAD_LIMIT_MB``
+    megabytes (MiB) when that is set to a positive number, else :data:`DEFAULT_LOAD_LIMIT`.
+    A setting that is not a positive number is an error, not silently ignored."""
+    text = os.environ.get(LOAD_LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_LOAD_LIMIT
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and 0 < mb <= 1 << 40):
+        raise SnapshotError(f"{LOAD_LIMIT_ENV}={text!r:.40} is not a positive number of megabytes")
+    return max(1, int(mb * (1 << 20)))
+
+
+def _over_limit(what: str, cost: int, limit: int) -> str:
+    return (f"too large to load: {what} would take about {_megabytes(cost)} of memory, more "
+            f"than the load limit of {_megabytes(limit)} (raise it with "
+            f"{LOAD_LIMIT_ENV}=<MB> or load(..., limit=<bytes>))")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MB" if n < (1 << 30) * 10 else f"{n / (1 << 30):,.0f} GB"
+
+
+def _header_cost(header: bytes) -> int:
+    """An upper estimate of the bytes parsing ``header`` allocates: the bytes, their
+    decoded text, and per JSON container and value the objects ``json`` builds and
+    :func:`_parse_header` converts (counted with ``bytes.count``, at C speed)."""
+    containers = header.count(b"[") + header.count(b"{")
+    values = header.count(b",") + header.count(b":")
+    return 3 * len(header) + _CONTAINER_COST * containers + _VALUE_COST * values
+
+
+def _load_stream(raw: IO[bytes], name: Optional[str], limit: int = DEFAULT_LOAD_LIMIT) -> Snapshots:
     """Read and check the stream step by step; every failure is a one-line SnapshotError
-    prefixed with the file's name when it has one."""
+    prefixed with the file's name when it has one.  Nothing is allocated past ``limit``
+    bytes: each part's cost is checked before it is read or parsed."""
     prefix = f"{name}: " if name else ""
 
     def fail(msg: str) -> NoReturn:
@@ -409,7 +466,12 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
     header_len = int(m.group(1))
     if header_len > _MAX_HEADER_BYTES:
         fail(f"corrupt: header declares {header_len} bytes, more than the limit of {_MAX_HEADER_BYTES}")
+    if 3 * header_len > limit:
+        fail(_over_limit(f"a header of {header_len} bytes", 3 * header_len, limit))
     header_bytes = r.read_exact(header_len, "the header")
+    header_cost = _header_cost(header_bytes)
+    if header_cost > limit:
+        fail(_over_limit(f"the header ({header_len} bytes of JSON)", header_cost, limit))
     try:
         doc = json.loads(header_bytes.decode("utf-8"), parse_int=_parse_int)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
@@ -419,6 +481,10 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
     except RecursionError:
         fail("corrupt header: nested too deeply")
 
+    declared = sum(length for _, length in parsed["sections"]) * _ITEMSIZE
+    if header_cost + declared > limit:
+        fail(_over_limit(f"the header and {declared:,} bytes of sections it declares",
+                         header_cost + declared, limit))
     columns: dict[str, array] = {}
     for sec_name, length in parsed["sections"]:
         arr = array("I")
@@ -430,7 +496,7 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
         fail("corrupt: unexpected data after the last section")
 
     try:
-        return Snapshots(
+        return Snapshots._adopt(  # the columns just read are the value's own: no copy
             frames=parsed["frames"], threads=parsed["threads"], runs=parsed["runs"],
             mark_sets=parsed["mark_sets"], custom_keys=parsed["custom_keys"],
             wall_overflow=parsed["wall_overflow"], cpu_overflow=parsed["cpu_overflow"],

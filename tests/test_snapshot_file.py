@@ -694,12 +694,19 @@ def test_huge_declared_lengths_do_not_allocate():
         t0 = time.perf_counter()
         msg = load_error(data)
         msg2 = load_error(hostile_header)
+        with pytest.raises(SnapshotError) as raised:  # past the limit: only real bytes cost
+            load(io.BytesIO(data), limit=1 << 40)
+        with pytest.raises(SnapshotError) as raised2:
+            load(io.BytesIO(hostile_header), limit=1 << 40)
         elapsed = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert msg.startswith("truncated: section sample_thread needs 17179869180 bytes")
-    assert msg2.startswith("truncated: the header needs 1073741823 bytes, 2 remain")
+    assert msg.startswith("too large to load: the header and 68,719,476,736 bytes of sections")
+    assert msg2.startswith("too large to load: a header of 1073741823 bytes")
+    assert "STACKSHOT_LOAD_LIMIT_MB=<MB> or load(..., limit=<bytes>)" in msg
+    assert str(raised.value).startswith("truncated: section sample_thread needs 17179869180 bytes")
+    assert str(raised2.value).startswith("truncated: the header needs 1073741823 bytes, 2 remain")
     assert peak < 64 << 20, peak
     assert elapsed < 30  # generous: only guards against a hang
 
