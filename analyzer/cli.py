@@ -415,6 +415,7 @@ def load_and_sum(paths: Sequence[str], *, tolerant: bool = False,
     skipped instead.  At least one file must remain.
     """
     from sampler.snapshot import SnapshotError, Snapshots, merge
+    from sampler.snapshot_file import LOAD_LIMIT_ENV
 
     accepted = []
     ref: dict[str, tuple[str, str]] = {}
@@ -423,6 +424,9 @@ def load_and_sum(paths: Sequence[str], *, tolerant: bool = False,
             snap = Snapshots.load(path)
         except SnapshotError as e:
             problem = str(e)
+        except MemoryError:  # a file within the load limit, but the machine has less
+            problem = (f"{path}: not enough memory to load it (its cost was within the load "
+                       f"limit: lower {LOAD_LIMIT_ENV} to refuse such files up front)")
         except IsADirectoryError:
             problem = f"{path}: is a directory"
         except OSError as e:
@@ -484,6 +488,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     except BrokenPipeError:  # `python -m analyzer f | head`: not an error worth a traceback
         _silence_stdout()
         return 0
+    except MemoryError:  # analysing or rendering what did load
+        print(f"{name}: not enough memory to analyse and render these files", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

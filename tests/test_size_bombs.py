@@ -117,3 +117,23 @@ def test_the_limit_can_be_raised_and_a_bad_setting_is_a_clear_error(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip() == ("analyzer: STACKSHOT_LOAD_LIMIT_MB='lots' is not a positive "
                                    "number of megabytes")
+
+
+def test_a_machine_with_less_memory_than_the_limit_gets_a_one_line_error(tmp_path):
+    """Before: under a memory limit the analyzer died with a MemoryError traceback."""
+    samples = 24 * MB  # 384 MB of columns: within the default limit, past the rlimit below
+    path = _write(tmp_path / "big", _header(samples), 16 * samples + 16)
+
+    def small_machine() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (300 * MB, 300 * MB))
+
+    env = repo_env()
+    env.pop("STACKSHOT_LOAD_LIMIT_MB", None)
+    done = subprocess.run([sys.executable, "-m", "analyzer", str(path)], capture_output=True,
+                          text=True, env=env, timeout=300, preexec_fn=small_machine)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip() == (f"analyzer: {path}: not enough memory to load it (its cost "
+                                   f"was within the load limit: lower STACKSHOT_LOAD_LIMIT_MB "
+                                   f"to refuse such files up front)")
