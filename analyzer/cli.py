@@ -30,7 +30,7 @@ from .analyze import GRANULARITIES, WEIGHTS, analyze_samples
 from .jsonform import profile_to_json
 from .model import Edge, Node, Profile
 from .renderers import render_dot, render_text
-from .renderers.common import ORDERS
+from .renderers.common import ORDERS, printable
 from .renderers.flat import render_flat
 
 __all__ = [
@@ -356,6 +356,8 @@ def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] 
             binary: Any = getattr(out, "buffer", out)
             binary.write(data)
         else:
+            if _is_tty(out):  # an export's names reach a terminal too: show, never obey
+                data = "\n".join(printable(line) for line in data.split("\n"))
             out.write(_encodable(data, getattr(out, "encoding", None)))
         out.flush()
     except BrokenPipeError:

@@ -34,8 +34,8 @@ from sampler.snapshot_file import MAGIC, load, save
 
 REPRO = Path(__file__).parent / "data" / "repro"
 CHUNKS = 8  # each chunk its own seed, so a failure is reproduced by running one of them
-SNAPSHOT_CASES = 150  # per chunk: 1,200 mutated snapshot files
-PROFILE_CASES = 300  # per chunk: 2,400 mutated JSON profiles
+SNAPSHOT_CASES = 120  # per chunk: 960 mutated snapshot files
+PROFILE_CASES = 250  # per chunk: 2,000 mutated JSON profiles
 
 
 def _deep(depth: int) -> list:
@@ -190,26 +190,34 @@ def bases():
     return _bases()
 
 
+def _through_the_door(chunk: int, cases: Any, read: Callable[[Any], Any], error: type,
+                      consume: Callable[[Any], None]) -> None:
+    """Each case must be refused by ``read`` with a one-line ``error``, or be read and
+    survive ``consume``; both outcomes must occur, so the mutations test both sides."""
+    refused = used = 0
+    for case, raw in enumerate(cases):
+        try:
+            value = read(raw)
+        except error as e:
+            assert "\n" not in str(e) and len(str(e)) < 300, (case, str(e)[:500])
+            refused += 1
+            continue
+        try:
+            consume(value)
+        except Exception as e:  # pragma: no cover - the failure report
+            raise AssertionError(f"chunk {chunk} case {case}: {type(e).__name__}: {e}"[:2000]) from e
+        used += 1
+    assert refused and used
+
+
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_mutated_snapshot_files_are_refused_in_one_line_or_fully_usable(chunk, bases):
     import io
 
     rng = random.Random(f"snapshot-{chunk}")
-    refused = used = 0
-    for case in range(SNAPSHOT_CASES):
-        data = _mutated_file(bases, rng)
-        try:
-            s = load(io.BytesIO(data))
-        except SnapshotError as e:
-            assert "\n" not in str(e) and len(str(e)) < 300, (case, str(e)[:500])
-            refused += 1
-            continue
-        try:
-            consume_snapshots(s)
-        except Exception as e:  # pragma: no cover - the failure report
-            raise AssertionError(f"chunk {chunk} case {case}: {type(e).__name__}: {e}"[:2000]) from e
-        used += 1
-    assert refused and used  # the mutations reach both sides of the door
+    files = (_mutated_file(bases, rng) for _ in range(SNAPSHOT_CASES))
+    _through_the_door(chunk, files, lambda data: load(io.BytesIO(data)), SnapshotError,
+                      consume_snapshots)
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -221,21 +229,9 @@ def test_mutated_json_profiles_are_refused_in_one_line_or_fully_usable(chunk, ba
     s = load(io.BytesIO(_file(header, body)))
     originals = [profile_to_json(analyze_samples(s)),
                  profile_to_json(analyze_samples(s, weight="wall", granularity="line"))]
-    refused = used = 0
-    for case in range(PROFILE_CASES):
-        text = json.dumps(mutate(rng.choice(originals), rng), allow_nan=True)
-        try:
-            p = json_to_profile(text)
-        except ProfileFormatError as e:
-            assert "\n" not in str(e) and len(str(e)) < 300, (case, str(e)[:500])
-            refused += 1
-            continue
-        try:
-            consume_profile(p)
-        except Exception as e:  # pragma: no cover - the failure report
-            raise AssertionError(f"chunk {chunk} case {case}: {type(e).__name__}: {e}"[:2000]) from e
-        used += 1
-    assert refused and used
+    texts = (json.dumps(mutate(rng.choice(originals), rng), allow_nan=True)
+             for _ in range(PROFILE_CASES))
+    _through_the_door(chunk, texts, json_to_profile, ProfileFormatError, consume_profile)
 
 
 def test_the_mutator_reaches_every_kind_of_hostile_value():

@@ -115,3 +115,30 @@ def test_sampler_output_that_cannot_be_completed_keeps_the_old_file(tmp_path):
     assert "cannot save the snapshots" in proc.stderr and "Traceback" not in proc.stderr
     assert saved.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["run.stackshot"]
+
+
+@pytest.mark.parametrize("fmt", ["collapsed", "speedscope", "json", "text"])
+def test_an_export_printed_to_a_terminal_shows_escapes_instead_of_sending_them(fmt):
+    """Machine formats keep names exact in files and pipes, but not on a terminal."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "analyzer", "--format", fmt,
+                                 str(REPRO / "terminal_escapes.stackshot")], stdout=slave,
+                                stderr=subprocess.DEVNULL, env=repo_env())
+        os.close(slave)  # read while it writes: a terminal holds only a few KB
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(master, 1 << 16)
+            except OSError:  # EIO: the child's end is closed and everything was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert proc.wait(timeout=TIMEOUT) == 0
+    finally:
+        os.close(master)
+    assert b"\x1b" not in shown and b"\x07" not in shown
+    assert b"PWNED" in shown
