@@ -101,8 +101,10 @@ def test_a_file_within_the_limit_costs_what_it_declares_once(tmp_path, samples):
     path = _write(tmp_path / "zeros", _header(samples), declared)
     got = _load(path)
     assert got["outcome"] == f"loaded {samples} samples"
-    # the columns once (the constructor adopts them) plus a read chunk and the interpreter
-    assert got["peak"] < 1.15 * declared + 8 * MB, got["peak"] / declared
+    # the columns once (the constructor adopts them; an array grows by 1/16), plus the 4 MB
+    # read chunks.  Measured: 24.8 MB for 16 MB declared, 62.8 MB for 48 MB; copying the
+    # columns in the constructor, as before, took 33 MB and 99 MB.
+    assert got["peak"] < 1.25 * declared + 8 * MB, got["peak"] / declared
 
 
 def test_the_limit_can_be_raised_and_a_bad_setting_is_a_clear_error(tmp_path):
