@@ -58,10 +58,11 @@ def _check_delay(delay: Any, what: str = "delay") -> float:
     """
     if isinstance(delay, bool) or not isinstance(delay, numbers.Real):
         raise TypeError(f"{what} must be a real number of seconds >= 0, not {type(delay).__name__}: {delay!r}")
-    bounds = f"0 (as often as possible) or {MIN_DELAY:g} to {MAX_DELAY:g} seconds (one day)"
+    bounds = (f"0 (as often as possible) or a finite number of seconds >= 0 from "
+              f"{MIN_DELAY:g} to {MAX_DELAY:g} (one day)")
     if delay != delay or not 0 <= delay <= MAX_DELAY:  # NaN, infinities, huge ints
         shown = repr(delay) if not isinstance(delay, int) or abs(delay) < 10**30 else f"an int of {delay.bit_length()} bits"
-        raise ValueError(f"{what} must be a finite number of seconds >= 0: {bounds}, not {shown}")
+        raise ValueError(f"{what} must be {bounds}, not {shown}")
     value = float(delay)
     if 0 < value < MIN_DELAY:
         raise ValueError(f"{what} {delay!r} is too short: it must be {bounds}")
