@@ -24,11 +24,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Mapping, Optional, Sequence
 
+from sampler.outputfile import write_atomically
+
 from .analyze import GRANULARITIES, WEIGHTS, analyze_samples
 from .jsonform import profile_to_json
 from .model import Edge, Node, Profile
 from .renderers import render_dot, render_text
-from .renderers.common import ORDERS
+from .renderers.common import ORDERS, printable
 from .renderers.flat import render_flat
 
 __all__ = [
@@ -342,9 +344,8 @@ def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] 
     """Render ``snapshots`` and write the result to ``--render-to`` or ``stdout``."""
     data = render_output(snapshots, opts)
     if opts.render_to is not None:
-        try:
-            with open(opts.render_to, "wb") as f:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        try:  # never truncate a good file first: a failed render leaves it as it was
+            write_atomically(opts.render_to, data)
         except OSError as e:
             raise CLIError(f"cannot write {opts.render_to}: {e.strerror or e}") from None
         return
@@ -355,12 +356,25 @@ def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] 
             binary: Any = getattr(out, "buffer", out)
             binary.write(data)
         else:
-            out.write(data)
+            if _is_tty(out):  # an export's names reach a terminal too: show, never obey
+                data = "\n".join(printable(line) for line in data.split("\n"))
+            out.write(_encodable(data, getattr(out, "encoding", None)))
         out.flush()
     except BrokenPipeError:
         raise  # the reader went away (`| head`): the caller ends quietly
     except (OSError, ValueError) as e:  # ValueError: the stream was closed
         raise CLIError(f"cannot write to standard output: {e}") from None
+
+
+def _encodable(text: str, encoding: Optional[str]) -> str:
+    """``text`` with what ``encoding`` cannot hold (lone surrogates from undecodable file
+    names, say) as backslash escapes, so writing it cannot fail half-way."""
+    if not encoding:
+        return text
+    try:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        return text
 
 
 # ----------------------------------------------------------------------------------
@@ -403,6 +417,7 @@ def load_and_sum(paths: Sequence[str], *, tolerant: bool = False,
     skipped instead.  At least one file must remain.
     """
     from sampler.snapshot import SnapshotError, Snapshots, merge
+    from sampler.snapshot_file import LOAD_LIMIT_ENV
 
     accepted = []
     ref: dict[str, tuple[str, str]] = {}
@@ -411,6 +426,9 @@ def load_and_sum(paths: Sequence[str], *, tolerant: bool = False,
             snap = Snapshots.load(path)
         except SnapshotError as e:
             problem = str(e)
+        except MemoryError:  # a file within the load limit, but the machine has less
+            problem = (f"{path}: not enough memory to load it (its cost was within the load "
+                       f"limit: lower {LOAD_LIMIT_ENV} to refuse such files up front)")
         except IsADirectoryError:
             problem = f"{path}: is a directory"
         except OSError as e:
@@ -472,6 +490,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     except BrokenPipeError:  # `python -m analyzer f | head`: not an error worth a traceback
         _silence_stdout()
         return 0
+    except MemoryError:  # analysing or rendering what did load
+        print(f"{name}: not enough memory to analyse and render these files", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

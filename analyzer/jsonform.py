@@ -20,6 +20,8 @@ import math
 from typing import Any, Optional, Union
 
 from .model import UNITS, Edge, Node, Profile
+from .analyze import GRANULARITIES
+from .weights import CLOCKS, INTERVALS
 
 FORMAT = "stackshot-profile"
 VERSION = 1
@@ -70,7 +72,9 @@ def json_to_profile(data: Union[dict[str, Any], str, bytes]) -> Profile:
         try:
             data = json.loads(data)
         except ValueError as e:
-            raise ProfileFormatError(f"not JSON: {e}") from None
+            raise ProfileFormatError(f"not JSON: {_one_line(e)}") from None
+        except RecursionError:
+            raise ProfileFormatError("not JSON this reader accepts: nested too deeply") from None
     try:
         return _read(data)
     except (KeyError, TypeError, IndexError, ValueError) as e:
@@ -83,7 +87,12 @@ def _read(j: Any) -> Profile:
     if not isinstance(j, dict):
         raise ProfileFormatError(f"a profile is a JSON object, not {type(j).__name__}")
     extra = j.get("stackshot") or {}
-    if extra.get("version", VERSION) > VERSION:
+    if not isinstance(extra, dict):
+        raise ProfileFormatError(f"'stackshot' must be an object, not {type(extra).__name__}")
+    version = extra.get("version", VERSION)
+    if not _is_int(version):
+        raise ProfileFormatError(f"'stackshot.version' must be an integer, not {_short(version)}")
+    if version > VERSION:
         raise ProfileFormatError(f"profile format version {extra['version']} is newer than "
                                  f"this stackshot reads ({VERSION})")
     raw_nodes = _list(j, "nodes")
@@ -94,8 +103,10 @@ def _read(j: Any) -> Profile:
         if not isinstance(n, dict):
             raise ProfileFormatError(f"node {i} is not an object")
         frame = n.get("frame")
-        nodes.append(Node(n.get("id"), n.get("src"), frame=_frame(frame) if frame else None,
-                          thread_ids=list(n.get("thread_ids") or []),
+        nodes.append(Node(_str_or_none(n, "id", i), _str_or_none(n, "src", i),
+                          frame=_frame(frame) if frame else None,
+                          thread_ids=[_thread_id(t, f"node {i}'s thread_ids") for t in
+                                      _list(n, "thread_ids", default=[])],
                           total=_number(n, "total", i), self_time=_number(n, "self", i),
                           is_root=(i == 0)))
     count = len(nodes)
@@ -108,7 +119,7 @@ def _read(j: Any) -> Profile:
         for end in ("caller", "callee"):
             k = e.get(end)
             if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < count:
-                raise ProfileFormatError(f"{where}: {end} {k!r} is not a node position "
+                raise ProfileFormatError(f"{where}: {end} {_short(k)} is not a node position "
                                          f"(0..{count - 1})")
             ends.append(k)
         key = (ends[0], ends[1])
@@ -135,46 +146,97 @@ def _read(j: Any) -> Profile:
         n.callers.sort(key=lambda e: e.caller_time, reverse=True)
         n.callees.sort(key=lambda e: e.callee_time, reverse=True)
         if len({id(e) for e in n.callers}) != len(n.callers):
-            raise ProfileFormatError(f"node {n.name!r} lists a caller twice")
+            raise ProfileFormatError(f"node {_short(n.name)} lists a caller twice")
 
     unit = extra.get("unit", "ms")  # Racket's profiles are in milliseconds
     if unit not in UNITS:
-        raise ProfileFormatError(f"unknown unit {unit!r}")
+        raise ProfileFormatError(f"unknown unit {_short(unit)}")
     thread_times = {}
     for k, t in enumerate(_list(j, "thread_times")):
-        thread_times[t["id"]] = _number(t, "time", f"thread_times[{k}]")
-    names = {t["id"]: t["name"] for t in extra.get("thread_names", [])}
+        where = f"thread_times[{k}]"
+        if not isinstance(t, dict):
+            raise ProfileFormatError(f"{where} is not an object")
+        thread_times[_thread_id(t["id"], where)] = _number(t, "time", where)
+    names = {}
+    for k, t in enumerate(_list(extra, "thread_names", default=[])):
+        where = f"thread_names[{k}]"
+        if not (isinstance(t, dict) and isinstance(t.get("name"), str)):
+            raise ProfileFormatError(f"{where} is not an object with a string name")
+        names[_thread_id(t["id"], where)] = t["name"]
     sample_number = j.get("sample_number")
-    if not isinstance(sample_number, int) or isinstance(sample_number, bool):
-        raise ProfileFormatError(f"'sample_number' must be an integer, not {sample_number!r}")
+    if not _is_int(sample_number) or sample_number < 0:
+        raise ProfileFormatError(f"'sample_number' must be a whole number, not {_short(sample_number)}")
+    choices = {}
+    for key, default, valid in (("weight", "cpu", CLOCKS), ("granularity", "function", GRANULARITIES),
+                                ("interval", "midpoint", INTERVALS)):
+        choices[key] = extra.get(key, default)
+        if choices[key] not in valid:
+            raise ProfileFormatError(f"'stackshot.{key}' must be one of {', '.join(valid)}, "
+                                     f"not {_short(choices[key])}")
     return Profile(_number(j, "total_time", "profile"), _number(j, "cpu_time", "profile"),
                    sample_number, thread_times, nodes[1:], nodes[0], thread_names=names,
-                   weight=extra.get("weight", "cpu"),
-                   granularity=extra.get("granularity", "function"),
-                   interval=extra.get("interval", "midpoint"), unit=unit)
+                   unit=unit, **choices)
 
 
 def _frame(f: Any) -> tuple:
     from sampler.snapshot import Frame
 
-    if not isinstance(f, list) or len(f) != 4:
-        raise ProfileFormatError(f"a node's frame is [name, filename, firstlineno, lineno], not {f!r:.80}")
+    if not (isinstance(f, list) and len(f) == 4 and isinstance(f[0], str) and isinstance(f[1], str)
+            and _is_int(f[2]) and (f[3] is None or _is_int(f[3]))):
+        raise ProfileFormatError(f"a node's frame is [name, filename, firstlineno, lineno], "
+                                 f"not {_short(f)}")
     return Frame(*f)
 
 
-def _list(obj: dict, key: str) -> list:
-    v = obj.get(key)
+def _list(obj: dict, key: str, default: Optional[list] = None) -> list:
+    v = obj.get(key, default)
     if not isinstance(v, list):
         raise ProfileFormatError(f"{key!r} must be a list, not {type(v).__name__}")
     return v
 
 
+_INT64 = 1 << 63
+
+
+def _is_int(v: Any) -> bool:
+    """An integer within int64: what every consumer of a profile can handle."""
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64
+
+
 def _number(obj: dict, key: str, where: Any) -> float:
     v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if not (_is_int(v) or (isinstance(v, float) and math.isfinite(v))):
         where = f"node {where}" if isinstance(where, int) else where
-        raise ProfileFormatError(f"{where}: {key!r} must be a finite number, not {v!r}")
+        raise ProfileFormatError(f"{where}: {key!r} must be a finite number, not {_short(v)}")
     return v
+
+
+def _str_or_none(obj: dict, key: str, i: int) -> Optional[str]:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ProfileFormatError(f"node {i}: {key!r} must be a string or null, not {_short(v)}")
+    return v
+
+
+def _thread_id(v: Any, where: str) -> Any:
+    """A thread id as written: an integer or a string (raw-shape ids are written as text)."""
+    if not (_is_int(v) or isinstance(v, str)):
+        raise ProfileFormatError(f"{where}: a thread id is an integer or a string, not {_short(v)}")
+    return v
+
+
+def _short(v: Any) -> str:
+    """A value for a one-line message: its type for containers, its repr cut short."""
+    if isinstance(v, (list, dict)):
+        return f"a JSON {'array' if isinstance(v, list) else 'object'}"
+    if isinstance(v, int) and not isinstance(v, bool) and not _is_int(v):
+        return f"an integer of {len(str(abs(v)))} digits" if v.bit_length() < 13_000 else "a huge integer"
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def _num(x: Any) -> float:
@@ -191,5 +253,5 @@ def _plain(x: Any) -> Any:
 
 def _describe(e: BaseException) -> str:
     if isinstance(e, KeyError):
-        return f"missing field {e.args[0]!r}"
+        return f"missing field {_short(e.args[0])}"
     return str(e)

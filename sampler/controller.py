@@ -40,12 +40,32 @@ class SamplerError(RuntimeError):
     """A message that is valid but not now (a ``'resume'`` without a ``'pause'``)."""
 
 
+MAX_DELAY = 86400.0
+"""The longest delay accepted, one day: a longer one cannot be a profiling interval,
+and beyond it the collector's deadline arithmetic loses its precision (``1e300``
+passed the old check and killed the collector after one sample)."""
+MIN_DELAY = 1e-6
+"""The shortest positive delay accepted, one microsecond (``0`` still means "as often
+as possible"): a subnormal delay such as ``5e-324`` made ``lateness // delay``
+infinite and killed the collector."""
+
+
 def _check_delay(delay: Any, what: str = "delay") -> float:
+    """``delay`` as a float of seconds: 0, or from :data:`MIN_DELAY` to :data:`MAX_DELAY`.
+
+    Compared before it is converted, so ``2**2000`` is refused with this message rather
+    than an ``OverflowError`` from ``float()``.
+    """
     if isinstance(delay, bool) or not isinstance(delay, numbers.Real):
         raise TypeError(f"{what} must be a real number of seconds >= 0, not {type(delay).__name__}: {delay!r}")
+    bounds = (f"0 (as often as possible) or a finite number of seconds >= 0 from "
+              f"{MIN_DELAY:g} to {MAX_DELAY:g} (one day)")
+    if delay != delay or not 0 <= delay <= MAX_DELAY:  # NaN, infinities, huge ints
+        shown = repr(delay) if not isinstance(delay, int) or abs(delay) < 10**30 else f"an int of {delay.bit_length()} bits"
+        raise ValueError(f"{what} must be {bounds}, not {shown}")
     value = float(delay)
-    if math.isnan(value) or math.isinf(value) or value < 0:
-        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {delay!r}")
+    if 0 < value < MIN_DELAY:
+        raise ValueError(f"{what} {delay!r} is too short: it must be {bounds}")
     return value
 
 

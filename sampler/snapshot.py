@@ -130,6 +130,13 @@ class Sample(NamedTuple):
     marks: int  # index into mark_sets (0: none)
 
 
+def _own(typecode: str, values: Any) -> array:
+    """``values`` itself when it is already an ``array(typecode)``, else a new one."""
+    if isinstance(values, array) and values.typecode == typecode:
+        return values
+    return array(typecode, values)
+
+
 def _decoded(deltas: array, overflow: dict[int, int]) -> Sequence[int]:
     if not overflow:
         return deltas
@@ -166,15 +173,39 @@ class Snapshots:
         custom_keys: Sequence[Any] = (),
         runs: Sequence[RunInfo] = (),
     ) -> None:
+        self._fill(array, frames, stack_frame, stack_parent, threads, sample_thread, sample_stack,
+                   sample_wall, sample_cpu, sample_marks, wall_overflow, cpu_overflow, mark_sets,
+                   custom_keys, runs)
+
+    @classmethod
+    def _adopt(cls, **kw: Any) -> "Snapshots":
+        """A value that takes the ``array('I')`` columns it is given as its own, uncopied.
+
+        For the file loader, whose freshly read columns nobody else holds: copying them
+        would double the memory a big file costs.  Everything else is checked as usual.
+        """
+        self = cls.__new__(cls)
+        names = ("frames", "stack_frame", "stack_parent", "threads", "sample_thread",
+                 "sample_stack", "sample_wall", "sample_cpu", "sample_marks", "wall_overflow",
+                 "cpu_overflow", "mark_sets", "custom_keys", "runs")
+        defaults = {"stack_frame": array("I", [0]), "stack_parent": array("I", [0]),
+                    "sample_marks": None, "mark_sets": ((),)}
+        self._fill(_own, *(kw.get(n, defaults.get(n, ())) for n in names))
+        return self
+
+    def _fill(self, column: Any, frames: Any, stack_frame: Any, stack_parent: Any, threads: Any,
+              sample_thread: Any, sample_stack: Any, sample_wall: Any, sample_cpu: Any,
+              sample_marks: Any, wall_overflow: Any, cpu_overflow: Any, mark_sets: Any,
+              custom_keys: Any, runs: Any) -> None:
         self.frames = tuple(Frame(*f) for f in frames)
-        self.stack_frame = array("I", stack_frame)
-        self.stack_parent = array("I", stack_parent)
+        self.stack_frame = column("I", stack_frame)
+        self.stack_parent = column("I", stack_parent)
         self.threads = tuple(ThreadInfo(*t) for t in threads)
-        self.sample_thread = array("I", sample_thread)
-        self.sample_stack = array("I", sample_stack)
-        self.sample_wall = array("I", sample_wall)
-        self.sample_cpu = array("I", sample_cpu)
-        self.sample_marks = None if sample_marks is None else array("I", sample_marks)
+        self.sample_thread = column("I", sample_thread)
+        self.sample_stack = column("I", sample_stack)
+        self.sample_wall = column("I", sample_wall)
+        self.sample_cpu = column("I", sample_cpu)
+        self.sample_marks = None if sample_marks is None else column("I", sample_marks)
         self.wall_overflow = dict(wall_overflow or {})
         self.cpu_overflow = dict(cpu_overflow or {})
         self.mark_sets = tuple(tuple(tuple(e) for e in ms) for ms in mark_sets)
@@ -348,11 +379,13 @@ class Snapshots:
         save(self, path)
 
     @classmethod
-    def load(cls, path: Any) -> "Snapshots":
-        """Read a file written by :meth:`save`; a bad file raises :class:`SnapshotError`."""
+    def load(cls, path: Any, *, limit: Optional[int] = None) -> "Snapshots":
+        """Read a file written by :meth:`save`; a bad file raises :class:`SnapshotError`,
+        and so does one that would take more than ``limit`` bytes of memory (default:
+        :func:`sampler.snapshot_file.load_limit`)."""
         from .snapshot_file import load
 
-        return load(path)
+        return load(path, limit=limit)
 
 
 class StackTrie:

@@ -61,17 +61,19 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 import os
 import re
-import secrets
 import sys
 import zlib
 from array import array
 from typing import IO, Any, Callable, NoReturn, Optional, Union
 
+from .outputfile import write_atomically
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, SnapshotError, Snapshots, ThreadInfo
 
-__all__ = ["save", "load", "MAGIC", "DEFAULT_COMPRESSLEVEL"]
+__all__ = ["save", "load", "load_limit", "MAGIC", "DEFAULT_COMPRESSLEVEL", "DEFAULT_LOAD_LIMIT",
+           "LOAD_LIMIT_ENV"]
 
 MAGIC = b"STACKSHOT SNAPSHOT\n"
 """First line of the uncompressed stream: how a file is recognised as ours."""
@@ -90,6 +92,22 @@ _OPTIONAL_SECTIONS = frozenset({"sample_marks"})
 
 _ITEMSIZE = 4  # typecode "I" in the file is always 4 bytes, little-endian
 _MAX_HEADER_BYTES = 1 << 30  # far above any real header; refuses absurd declarations
+
+DEFAULT_LOAD_LIMIT = 1 << 30
+"""What :func:`load` may allocate for one file, in bytes (1 GiB), unless told otherwise.
+
+A compressed file can expand ~1000-fold, and a JSON header of ``[],[],...`` becomes
+~20 times its size in Python objects: before this limit a 117 KB file took 3.2 GB
+and a 1 MB file 1.1 GB.  The cost of a file is known before it is paid -- the header's
+parsed size is estimated from its length and its count of JSON values, the sections'
+from their declared lengths (4 bytes an entry) -- and a file costing more is refused
+with a one-line :class:`SnapshotError` that says how to raise the limit: pass
+``limit=`` to :func:`load`, or set the environment variable ``STACKSHOT_LOAD_LIMIT_MB``
+(which ``python -m analyzer`` and notebooks honour too).  A million samples cost
+about 20 MB, so the default admits some fifty million."""
+LOAD_LIMIT_ENV = "STACKSHOT_LOAD_LIMIT_MB"
+_CONTAINER_COST = 160  # bytes a parsed JSON array/object may cost, parsed and then converted
+_VALUE_COST = 100  # bytes a parsed JSON value (after a ',' or ':') may cost, likewise
 _MAX_SECTION_LENGTH = (1 << 32) - 1  # ids are 32-bit, so no column can usefully be longer
 _CHUNK = 1 << 22  # bounded reads: memory grows only as bytes actually arrive
 _MAX_INT_DIGITS = 4000  # longest int literal load accepts: below CPython's limit (4300)
@@ -129,8 +147,6 @@ def save(snapshots: Snapshots, path: PathOrFile, *,
     header_bytes = _encode_header(snapshots)
     if _is_path(path):
         target = os.fsdecode(os.fspath(path))  # type: ignore[arg-type]
-        if os.path.islink(target):  # update the file a symlink points to, keep the link
-            target = os.path.realpath(target)
         _save_atomically(snapshots, header_bytes, target, compresslevel)
     else:
         _write_stream(snapshots, header_bytes, path, compresslevel)  # type: ignore[arg-type]
@@ -142,42 +158,11 @@ def _is_path(path: object) -> bool:
 
 def _save_atomically(snapshots: Snapshots, header_bytes: bytes, path: str,
                      compresslevel: int) -> None:
-    """Write to a fresh temporary file beside ``path``, fsync it, then rename it over.
-
-    The temporary file is created with ``os.open(..., 0o666)`` so the process umask
-    applies, as it would to ``open(path, 'wb')``; an existing target's mode is kept.
-    """
-    directory, base = os.path.split(path)
-    if not base:
+    """Write through a temporary file beside ``path``, renamed over it when complete
+    (:func:`sampler.outputfile.write_atomically`)."""
+    if not os.path.basename(path):
         raise IsADirectoryError(f"save() needs a file name, not the directory {path!r}")
-    try:
-        mode: Optional[int] = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory or ".", f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:  # pragma: no cover - 100 collisions of 48 random bits
-        raise FileExistsError(f"could not create a temporary file beside {path!r}")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            _write_stream(snapshots, header_bytes, raw, compresslevel)
-            raw.flush()
-            os.fsync(raw.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, lambda raw: _write_stream(snapshots, header_bytes, raw, compresslevel))
 
 
 def _write_stream(snapshots: Snapshots, header_bytes: bytes, raw: IO[bytes],
@@ -308,23 +293,27 @@ def _short_repr(v: Any) -> str:
 # ----------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------
-def load(path: PathOrFile) -> Snapshots:
+def load(path: PathOrFile, *, limit: Optional[int] = None) -> Snapshots:
     """Read a file written by :func:`save` and return the :class:`Snapshots` value.
 
     ``path`` is a str/bytes/PathLike or a binary file object (read to its end and left
     open).  A file that is not ours, newer than this code, truncated, corrupt or
     hostile raises :class:`SnapshotError` with a one-line message saying what is wrong;
-    an unreadable path raises the usual :class:`OSError`.
+    an unreadable path raises the usual :class:`OSError`.  ``limit`` bounds the bytes
+    loading may allocate (default: :func:`load_limit`); a file needing more is refused.
     """
+    budget = load_limit() if limit is None else limit
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"limit must be a positive number of bytes, not {budget!r}")
     if _is_path(path):
         p = os.fspath(path)
         with open(p, "rb") as f:
-            return _load_stream(f, os.fsdecode(p))
+            return _load_stream(f, os.fsdecode(p), budget)
     if hasattr(path, "read"):
         if isinstance(path, io.TextIOBase):
             raise TypeError("load() needs a binary file object (opened with 'rb'), not a text file")
         name = getattr(path, "name", None)
-        return _load_stream(path, name if isinstance(name, str) else None)  # type: ignore[arg-type]
+        return _load_stream(path, name if isinstance(name, str) else None, budget)  # type: ignore[arg-type]
     raise TypeError(f"load() needs a path or a binary file object, not {type(path).__name__}")
 
 
@@ -406,9 +395,45 @@ _VERSION_LINE = re.compile(rb"version (\d{1,9})\n\Z")
 _HEADER_LINE = re.compile(rb"header (\d{1,19})\n\Z")
 
 
-def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
+def load_limit() -> int:
+    """The bytes :func:`load` may allocate by default: ``STACKSHOT_LOAD_LIMIT_MB``
+    megabytes (MiB) when that is set to a positive number, else :data:`DEFAULT_LOAD_LIMIT`.
+    A setting that is not a positive number is an error, not silently ignored."""
+    text = os.environ.get(LOAD_LIMIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_LOAD_LIMIT
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = math.nan
+    if not (math.isfinite(mb) and 0 < mb <= 1 << 40):
+        raise SnapshotError(f"{LOAD_LIMIT_ENV}={text!r:.40} is not a positive number of megabytes")
+    return max(1, int(mb * (1 << 20)))
+
+
+def _over_limit(what: str, cost: int, limit: int) -> str:
+    return (f"too large to load: {what} would take about {_megabytes(cost)} of memory, more "
+            f"than the load limit of {_megabytes(limit)} (raise it with "
+            f"{LOAD_LIMIT_ENV}=<MB> or load(..., limit=<bytes>))")
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MB" if n < (1 << 30) * 10 else f"{n / (1 << 30):,.0f} GB"
+
+
+def _header_cost(header: bytes) -> int:
+    """An upper estimate of the bytes parsing ``header`` allocates: the bytes, their
+    decoded text, and per JSON container and value the objects ``json`` builds and
+    :func:`_parse_header` converts (counted with ``bytes.count``, at C speed)."""
+    containers = header.count(b"[") + header.count(b"{")
+    values = header.count(b",") + header.count(b":")
+    return 3 * len(header) + _CONTAINER_COST * containers + _VALUE_COST * values
+
+
+def _load_stream(raw: IO[bytes], name: Optional[str], limit: int = DEFAULT_LOAD_LIMIT) -> Snapshots:
     """Read and check the stream step by step; every failure is a one-line SnapshotError
-    prefixed with the file's name when it has one."""
+    prefixed with the file's name when it has one.  Nothing is allocated past ``limit``
+    bytes: each part's cost is checked before it is read or parsed."""
     prefix = f"{name}: " if name else ""
 
     def fail(msg: str) -> NoReturn:
@@ -441,7 +466,12 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
     header_len = int(m.group(1))
     if header_len > _MAX_HEADER_BYTES:
         fail(f"corrupt: header declares {header_len} bytes, more than the limit of {_MAX_HEADER_BYTES}")
+    if 3 * header_len > limit:
+        fail(_over_limit(f"a header of {header_len} bytes", 3 * header_len, limit))
     header_bytes = r.read_exact(header_len, "the header")
+    header_cost = _header_cost(header_bytes)
+    if header_cost > limit:
+        fail(_over_limit(f"the header ({header_len} bytes of JSON)", header_cost, limit))
     try:
         doc = json.loads(header_bytes.decode("utf-8"), parse_int=_parse_int)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
@@ -451,6 +481,10 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
     except RecursionError:
         fail("corrupt header: nested too deeply")
 
+    declared = sum(length for _, length in parsed["sections"]) * _ITEMSIZE
+    if header_cost + declared > limit:
+        fail(_over_limit(f"the header and {declared:,} bytes of sections it declares",
+                         header_cost + declared, limit))
     columns: dict[str, array] = {}
     for sec_name, length in parsed["sections"]:
         arr = array("I")
@@ -462,7 +496,7 @@ def _load_stream(raw: IO[bytes], name: Optional[str]) -> Snapshots:
         fail("corrupt: unexpected data after the last section")
 
     try:
-        return Snapshots(
+        return Snapshots._adopt(  # the columns just read are the value's own: no copy
             frames=parsed["frames"], threads=parsed["threads"], runs=parsed["runs"],
             mark_sets=parsed["mark_sets"], custom_keys=parsed["custom_keys"],
             wall_overflow=parsed["wall_overflow"], cpu_overflow=parsed["cpu_overflow"],
@@ -489,12 +523,34 @@ def _one_line(e: BaseException) -> str:
 # ----------------------------------------------------------------------------------
 # Header checking, shared by save (on its own output) and load
 # ----------------------------------------------------------------------------------
+_INT64 = 1 << 63
+_MAX_DEPTH = 64  # nesting of JSON arrays/objects in the header (the layout itself uses 4)
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """A 64-bit integer: every consumer (the exports' int64 fields, float arithmetic)
+    handles these, and nothing a sampler records is larger."""
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT64 <= v < _INT64
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number within the int64 range: NaN, infinities and 400-digit integers
+    pass ``json`` but end in ``OverflowError``/``ValueError`` deep in a consumer."""
+    if isinstance(v, float):
+        return math.isfinite(v) and -_INT64 <= v < _INT64
+    return _is_int(v)
+
+
+def _check_depth(doc: Any, fail: Callable[[str], NoReturn]) -> None:
+    """Refuse a header nested deeper than :data:`_MAX_DEPTH` (iteratively, so the check
+    cannot itself overflow the stack): consumers that print a mark value recurse."""
+    stack = [(doc, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            if depth > _MAX_DEPTH:
+                fail(f"nested more than {_MAX_DEPTH} levels deep")
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
 
 
 def _hashable(v: Any) -> Any:
@@ -513,6 +569,7 @@ def _parse_header(doc: Any, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
     """
     if not isinstance(doc, dict):
         fail("not a JSON object")
+    _check_depth(doc, fail)
     required = ("frames", "threads", "runs", "mark_sets", "custom_keys",
                 "wall_overflow", "cpu_overflow", "sections")
     for key in required:
@@ -560,7 +617,7 @@ def _parse_header(doc: Any, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
         for pair in doc[key]:
             if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0])
                     and _is_int(pair[1])):
-                fail(f"{key} holds {_short_repr(pair)}, not an [index, microseconds] pair")
+                fail(f"{key} holds {_short_repr(pair)}, not an [index, microseconds] pair of 64-bit integers")
             if pair[0] in d:
                 fail(f"{key} names sample {pair[0]} twice")
             d[pair[0]] = pair[1]
@@ -621,6 +678,7 @@ _RUN_FIELD_TYPES: dict[str, str] = {
     f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
     for f in dataclasses.fields(RunInfo)
 }
+_KIND_NAMES = {"int": "a 64-bit integer", "float": "a finite number (within the int64 range)"}
 _RATE_FIELDS = frozenset({"requested_rate", "achieved_rate"})  # RunInfo.to_dict writes inf as "inf"
 
 
@@ -645,7 +703,7 @@ def _parse_run(d: Any, i: int, fail: Callable[[str], NoReturn]) -> RunInfo:
             "dict": isinstance(value, dict),
         }.get(kind, True)
         if not ok:
-            fail(f"runs[{i}].{name} is {_short_repr(value)}, not a {kind}")
+            fail(f"runs[{i}].{name} is {_short_repr(value)}, not {_KIND_NAMES.get(kind, 'a ' + kind)}")
     d = dict(d)
     if "custom_keys" in d:
         d["custom_keys"] = [_check_hashable(k, f"runs[{i}].custom_keys[{j}]", fail)

@@ -4,7 +4,8 @@ The collector needs the GIL to take a snapshot, and a CPU-bound thread only drop
 it every switch interval (5 ms by default): asked for 1000 Hz, a naive sampler got
 about 300 Hz here.  While some sampler runs with a delay below the interval, the
 interval is lowered to half the smallest delay; when the last one pauses or stops,
-the interval the program had is put back.
+the interval the program had is put back -- unless the program set one of its own
+meanwhile: its ``sys.setswitchinterval`` call wins and is never overwritten.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from . import realthreads
 _lock = realthreads.allocate_lock()
 _wanted: dict[int, float] = {}
 _saved: list[float] = []  # the program's own interval while we hold it lowered
+_ours: list[float] = []  # the interval we set (as read back), while we hold it lowered
 _FLOOR = 0.0001  # below this the interpreter spends its time switching
 
 
@@ -34,13 +36,19 @@ def release(owner: int) -> None:
 
 
 def _apply() -> None:
-    base = _saved[0] if _saved else sys.getswitchinterval()
+    current = sys.getswitchinterval()
+    if _saved and current != _ours[0]:  # the program set its own: that is its interval now
+        _saved[0] = current
+    base = _saved[0] if _saved else current
     target = min((max(d / 2, _FLOOR) for d in _wanted.values()), default=base)
     if target < base:
         if not _saved:
             _saved.append(base)
+            _ours.append(0.0)
         sys.setswitchinterval(target)
+        _ours[0] = sys.getswitchinterval()  # read back: the interpreter rounds it
     elif _saved:
+        _ours.clear()
         sys.setswitchinterval(_saved.pop())
 
 
@@ -49,5 +57,4 @@ def forget_after_fork() -> None:
     global _lock
     _lock = realthreads.allocate_lock()
     _wanted.clear()
-    if _saved:
-        sys.setswitchinterval(_saved.pop())
+    _apply()

@@ -11,6 +11,8 @@ import subprocess
 import pytest
 
 from analyzer import analyze_samples, render_dot, render_text
+from analyzer.renderers.common import printable
+from analyzer.renderers.flat import render_flat
 from sampler.snapshot import Frame
 from snapshot_builders import snapshots
 from analyzer_helpers import random_rows
@@ -217,3 +219,51 @@ def test_many_threads_are_summarised_heaviest_first():
     line = next(ln for ln in text.splitlines() if "Threads observed" in ln)
     assert line.startswith("  Threads observed: 12: t11 (11) 24.0ms, t10 (10) 22.0ms")
     assert line.endswith("and 4 more")
+
+
+# -- issue 10, item 10: names that would act on a terminal ---------------------------------
+_ATTACK = "\x1b]0;PWNED\x07\x1b[2J\x9b31m\u202egnp.exe\r"
+_RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def attack_profile():
+    rows = [(_ATTACK, i * 0.01, i * 0.01, [Frame(_ATTACK, f"/tmp/{_ATTACK}.py", 1, 2), "main"])
+            for i in range(30)]
+    rows += [("t2", i * 0.01, i * 0.01, ["other"]) for i in range(20)]
+    return analyze_samples(snapshots(rows))
+
+
+@pytest.mark.parametrize("render", [
+    lambda p: render_text(p, hide_self=0, hide_subs=0),
+    lambda p: render_text(p, hide_self=0, hide_subs=0, truncate_source=None, order="self"),
+    lambda p: render_flat(p, show_line=True, truncate_source=None),
+])
+def test_control_characters_in_names_are_shown_not_sent(render):
+    out = render(attack_profile())
+    assert not _RAW_CONTROL.search(out), repr(_RAW_CONTROL.search(out))
+    shown = r"\x1b]0;PWNED\x07\x1b[2J\x9b31m\u202egnp.exe\x0d"
+    assert out.count(shown) >= 2  # the function, and its file (or the thread name)
+
+
+def test_the_text_header_escapes_thread_names():
+    header = render_text(attack_profile()).split("=" * 10)[0]
+    line = next(ln for ln in header.splitlines() if "Threads observed" in ln)
+    assert r"\x1b]0;PWNED\x07" in line and "\x1b" not in line
+
+
+def test_printable_keeps_ordinary_text_and_escapes_lone_surrogates():
+    assert printable("ünïcødé ✓ <lambda> a.py:3") == "ünïcødé ✓ <lambda> a.py:3"
+    assert printable("/tmp/\udcff.py") == r"/tmp/\udcff.py"
+
+
+# -- issue 10, item 14: a name Graphviz would refuse ---------------------------------------
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_real_dot_accepts_names_and_sources_over_16_kb():
+    huge = "f" * 20_000 + "_end"
+    rows = [("t", i * 0.01, i * 0.01, [Frame(huge, "/" + "d" * 30_000 + "/x.py", 1, 2), "main"])
+            for i in range(10)]
+    src = render_dot(analyze_samples(snapshots(rows)), hide_self=0, hide_subs=0,
+                     truncate_source=None)
+    assert "characters cut" in src and "_end" in src  # cut visibly, the end kept
+    done = subprocess.run(["dot", "-Tsvg"], input=src.encode(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[:500]

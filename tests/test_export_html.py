@@ -227,3 +227,17 @@ def test_many_threads_fall_back_to_the_all_threads_table(browser, tmp_path):
     assert "Table for all threads" in side and "job8" in side
     assert {b["label"] for b in browser.eval(BOXES)} == {"t3", "main", "job3"}
     assert browser.problems() == []
+
+
+def test_a_stack_thousands_of_frames_deep_is_drawn_and_searched(browser, tmp_path):
+    """Issue 10, item 14: a recursive layout overflowed the call stack (RangeError) past
+    ~3,000 frames and the page stayed blank."""
+    deep = ["main"] + [f"level{k}" for k in range(6000)]
+    snaps = build([("t", deep, s * 0.01, s * 0.01) for s in range(3)])
+    open_page(browser, write_html(snaps, tmp_path / "deep.html"))
+    assert browser.problems() == []
+    assert browser.eval("document.querySelector('svg.ss-flame').getAttribute('data-boxes')") == "6002"
+    browser.eval("(function(){var s=document.querySelector('.ss-search');s.value='level5999';"
+                 "s.dispatchEvent(new Event('input'));})()")
+    assert "Search matched" in browser.eval("document.querySelector('.ss-status').textContent")
+    assert browser.problems() == []

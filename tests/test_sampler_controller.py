@@ -249,3 +249,56 @@ def test_methods_and_repr():
     ctl.stop()
     assert "stopped" in repr(ctl)
     assert ctl("get-custom-snapshots") == [] and ctl("get-errors") == []
+
+
+# Issue 10, item 12: delays that passed the check but killed the collector after one
+# sample (seen only through get-errors), and 2**2000, which raised a raw OverflowError.
+_BAD_DELAYS = [1e10, 1e300, 2**1000, 2**2000, 5e-324, 86400.5, math.inf]
+
+
+@pytest.mark.parametrize("delay", _BAD_DELAYS, ids=repr)
+def test_delays_the_collector_cannot_keep_are_refused_by_create_sampler(delay):
+    with pytest.raises(ValueError, match=r"one day|too short") as info:
+        create_sampler([], delay)
+    assert len(str(info.value)) < 200 and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("delay", _BAD_DELAYS, ids=repr)
+def test_set_delay_refuses_them_and_the_collector_keeps_sampling(delay):
+    with Worker(hot_loop) as w, create_sampler(w.thread, 0.002) as ctl:
+        with pytest.raises(ValueError, match=r"one day|too short"):
+            ctl("set-delay!", delay)
+        with pytest.raises(ValueError, match=r"one day|too short"):
+            ctl("set-tracked!", delay)
+        before = len(ctl.get_snapshots())
+        wait_until(lambda: len(ctl.get_snapshots()) > before + 3)
+        assert ctl.delay == 0.002 and ctl("get-errors") == []
+
+
+@pytest.mark.parametrize("delay", [0, 1e-6, 86400])
+def test_the_bounds_themselves_are_accepted_and_work(delay):
+    with Worker(hot_loop) as w, create_sampler(w.thread, 0.002) as ctl:
+        ctl("set-delay!", delay)
+        if delay < 1:
+            before = len(ctl.get_snapshots())
+            wait_until(lambda: len(ctl.get_snapshots()) > before + 3)
+        ctl.stop()
+        assert ctl("get-errors") == []
+
+
+def test_a_switch_interval_the_program_sets_while_sampling_is_kept():
+    import sys
+
+    original = sys.getswitchinterval()
+    try:
+        ctl = create_sampler([], 0.001)
+        assert sys.getswitchinterval() < 0.001
+        sys.setswitchinterval(0.02)  # the program's own choice, made while we hold ours
+        ctl.pause()
+        assert sys.getswitchinterval() == pytest.approx(0.02)
+        ctl.resume()  # lowered again for sampling, and 0.02 is what comes back
+        assert sys.getswitchinterval() < 0.001
+        ctl.stop()
+        assert sys.getswitchinterval() == pytest.approx(0.02)
+    finally:
+        sys.setswitchinterval(original)

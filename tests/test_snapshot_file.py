@@ -561,6 +561,13 @@ def test_bad_checksum():
 
 
 # -- bad files: hostile headers -----------------------------------------------------------
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _tamper(**changes: Any) -> str:
     s = rich_value(10)
     h = valid_header(s)
@@ -581,7 +588,21 @@ def _tamper(**changes: Any) -> str:
     (dict(frames=[["f", "a.py", True, 1]] * 4), r"frames\[0\]"),
     (dict(threads=[[0, "t", None, "thread", "0", 0.0, 0.0]]), r"threads\[0\] is not"),
     (dict(threads=[[0, "t", None, "thread", 0, None, 0.0]]), r"threads\[0\] is not"),
-    (dict(runs=[{"pid": "1"}]), r"runs\[0\]\.pid is '1', not a int"),
+    (dict(runs=[{"pid": "1"}]), r"runs\[0\]\.pid is '1', not a 64-bit integer"),
+    # issue 10, item 9: values json accepts but the consumers cannot handle
+    (dict(runs=[{"process_cpu": math.nan}]), r"runs\[0\]\.process_cpu is nan, not a finite number"),
+    (dict(runs=[{"requested_delay": -math.inf}]), r"runs\[0\]\.requested_delay is -inf"),
+    (dict(runs=[{"achieved_rate": 10**400}]), r"runs\[0\]\.achieved_rate is 9*1000+\.\.\., not a finite"),
+    (dict(runs=[{"duration": 1e300}]), r"runs\[0\]\.duration is 1e\+300"),
+    (dict(runs=[{"ticks": 2**63}]), r"runs\[0\]\.ticks is \d+, not a 64-bit integer"),
+    (dict(runs=[{"extra": {"x": _nested(70)}}]),
+     "nested more than 64 levels deep"),
+    (dict(threads=[[0, "t", None, "thread", 0, math.nan, 0.0]]), r"threads\[0\] is not"),
+    (dict(threads=[[0, "t", None, "thread", 0, 0.0, math.inf]]), r"threads\[0\] is not"),
+    (dict(threads=[[10**3999, "t", None, "thread", 0, 0.0, 0.0]]), r"^corrupt header: threads\[0\] is not .{,60}$"),
+    (dict(threads=[[0, "t", -2**63 - 1, "thread", 0, 0.0, 0.0]]), r"threads\[0\] is not"),
+    (dict(frames=[["f", "a.py", 2**64, 1]] * 4), r"frames\[0\]"),
+    (dict(cpu_overflow=[[3, 10**40]]), r"cpu_overflow holds \[3, 1000.*64-bit integers"),
     (dict(runs=[{"achieved_rate": "fast"}]), r"runs\[0\]\.achieved_rate"),
     (dict(runs=[{"stopped": 1}]), r"runs\[0\]\.stopped"),
     (dict(runs=[{"extra": []}]), r"runs\[0\]\.extra"),
@@ -673,12 +694,19 @@ def test_huge_declared_lengths_do_not_allocate():
         t0 = time.perf_counter()
         msg = load_error(data)
         msg2 = load_error(hostile_header)
+        with pytest.raises(SnapshotError) as raised:  # past the limit: only real bytes cost
+            load(io.BytesIO(data), limit=1 << 40)
+        with pytest.raises(SnapshotError) as raised2:
+            load(io.BytesIO(hostile_header), limit=1 << 40)
         elapsed = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert msg.startswith("truncated: section sample_thread needs 17179869180 bytes")
-    assert msg2.startswith("truncated: the header needs 1073741823 bytes, 2 remain")
+    assert msg.startswith("too large to load: the header and 68,719,476,736 bytes of sections")
+    assert msg2.startswith("too large to load: a header of 1073741823 bytes")
+    assert "STACKSHOT_LOAD_LIMIT_MB=<MB> or load(..., limit=<bytes>)" in msg
+    assert str(raised.value).startswith("truncated: section sample_thread needs 17179869180 bytes")
+    assert str(raised2.value).startswith("truncated: the header needs 1073741823 bytes, 2 remain")
     assert peak < 64 << 20, peak
     assert elapsed < 30  # generous: only guards against a hang
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
+from sampler.outputfile import write_atomically
 from sampler.snapshot import Snapshots
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -155,17 +156,14 @@ def check_snapshots(value: Any) -> Snapshots:
 
 
 def write_output(path: PathLike, data: Union[str, bytes]) -> Path:
-    """Write ``data`` to ``path``; an OS failure becomes an :class:`ExportError`.
+    """Write ``data`` to ``path`` atomically; an OS failure becomes an :class:`ExportError`.
 
     The error names the path and the operating system's reason, because "could not
     export" alone leaves the user guessing between a typo and a permission problem.
     """
     p = Path(os.fspath(path))
-    # a file name Python could not decode carries lone surrogates: write "?" for them
-    raw = data.encode("utf-8", "replace") if isinstance(data, str) else data
-    try:
-        with open(p, "wb") as f:
-            f.write(raw)
+    try:  # through a temporary file: a failure never leaves a truncated export behind
+        write_atomically(p, data)  # lone surrogates (undecodable file names) as \udcXX
     except OSError as e:
         err = ExportError(f"cannot write export to {str(p)!r}: {e.strerror or e}")
         err.errno, err.strerror, err.filename = e.errno, e.strerror, str(p)

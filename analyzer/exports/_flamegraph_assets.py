@@ -146,17 +146,21 @@ JS = r"""
       while (z !== 0 && a !== undefined) { chain.push(a); if (a === 0) break; a = data.parent[a]; }
       chain.forEach(function (c) { boxes.push({node: c, x: 0, w: width, d: depth[c], anc: true}); });
       var maxD = depth[state.zoom];
-      function place(node, x, w) {
-        if (w < 0.5) return;
+      // depth-first with an explicit stack, not recursion: a stack thousands of frames
+      // deep must not overflow the browser's call stack (a blank page before)
+      var todo = total[state.zoom] > 0 ? [[state.zoom, 0, width]] : [];
+      while (todo.length) {
+        var item = todo.pop(), node = item[0], x = item[1], w = item[2];
+        if (w < 0.5) continue;
         boxes.push({node: node, x: x, w: w, d: depth[node], anc: false});
         if (depth[node] > maxD) maxD = depth[node];
-        var t = total[node], cx = x;
-        if (!(t > 0)) return;
+        var t = total[node], cx = x, next = [];
+        if (!(t > 0)) continue;
         kids[node].forEach(function (c) {
-          if (total[c] > 0) { var cw = w * total[c] / t; place(c, cx, cw); cx += cw; }
+          if (total[c] > 0) { var cw = w * total[c] / t; next.push([c, cx, cw]); cx += cw; }
         });
+        for (var k = next.length - 1; k >= 0; k--) todo.push(next[k]);  // first child first
       }
-      if (total[state.zoom] > 0) place(state.zoom, 0, width);
       return {boxes: boxes, width: width, maxD: maxD};
     }
 
@@ -213,12 +217,12 @@ JS = r"""
                                  ' (' + pct(total[state.zoom], base) + '). Click a faded caller, or Reset, to zoom out.');
       var re = searchRegex();
       if (re) {
-        var hit = 0;
-        (function walk(node, inside) {
-          var m = node !== 0 && matches(re, node);
-          if (m && !inside) hit += total[node];
-          kids[node].forEach(function (c) { walk(c, inside || m); });
-        })(0, false);
+        var hit = 0, todo = [[0, false]];
+        while (todo.length) {  // iterative, like layout(): deep stacks must not overflow
+          var item = todo.pop(), node = item[0], m = node !== 0 && matches(re, node);
+          if (m && !item[1]) hit += total[node];
+          for (var k = 0; k < kids[node].length; k++) todo.push([kids[node][k], item[1] || m]);
+        }
         parts.push('Search matched ' + fmt(hit) + ' (' + pct(hit, base) + ').');
       }
       status.textContent = parts.join(' ');

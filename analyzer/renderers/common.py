@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Optional
 
 from ..model import UNITS, Node, Profile
@@ -34,11 +35,34 @@ def check_choice(name: str, value: Any, valid: Iterable[str]) -> str:
     return str(value)
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""C0 and C1 controls (ESC, BEL, CR, ...), line and paragraph separators, the bidi
+overrides that reorder what a terminal shows, and lone surrogates (which no output
+encoding can hold)."""
+
+
+def printable(text: Any) -> str:
+    """``text`` with every character that could act on a terminal shown as an escape.
+
+    Function, file and thread names come from the profiled program -- or from a file
+    someone sent: written raw, ``ESC ]0;...`` retitles the terminal and ``ESC [2J``
+    clears it.  Each such character becomes ``\\xNN`` or ``\\uNNNN``, so the name
+    is still recognisable and nothing reaches the terminal but text.
+    """
+    return _UNPRINTABLE.sub(_escape, str(text))
+
+
+def _escape(m: "re.Match[str]") -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def format_source(src: Any, limit: Optional[int]) -> str:
-    """``src`` as text, keeping its end (the file name and line) when longer than ``limit``."""
+    """``src`` as text, keeping its end (the file name and line) when longer than ``limit``;
+    control characters are escaped (:func:`printable`) before it is measured."""
     if src is None:
         return "(unknown source)"
-    text = str(src)
+    text = printable(src)
     if limit is not None and len(text) > limit:
         return "..." + text[len(text) - max(limit - 3, 1):]
     return text

@@ -19,7 +19,11 @@ from .common import (
     to_ms,
 )
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 controls: shown as spaces
+_MAX_LINE = 2000
+"""Longest name or source line of a box.  Graphviz refuses a file with a string over
+16 KB ("syntax error ... string too long"); a longer name is cut visibly (kept: its
+start and end, and how many characters were left out)."""
 
 
 def render_dot(
@@ -57,8 +61,8 @@ def render_dot(
         lines.append(f'  empty [label={_quote(why)}, style=dashed];')
     for n in shown:
         label = "\n".join((
-            n.name,
-            format_source(n.src, truncate_source),
+            _clip(n.name),
+            _clip(format_source(n.src, truncate_source)),
             f"total {format_ms(to_ms(profile, n.total))} ({format_percent(n.total, total)})",
             f"self {format_ms(to_ms(profile, n.self))} ({format_percent(n.self, total)})",
         ))
@@ -79,6 +83,14 @@ def render_dot(
     if file is not None:
         file.write(text)
     return text
+
+
+def _clip(text: str) -> str:
+    """``text``, or its start and end around a note of how much was cut (:data:`_MAX_LINE`)."""
+    if len(text) <= _MAX_LINE:
+        return text
+    keep = _MAX_LINE // 2 - 20
+    return f"{text[:keep]} ... ({len(text) - 2 * keep} characters cut) ... {text[-keep:]}"
 
 
 def _quote(text: str) -> str:

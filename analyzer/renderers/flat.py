@@ -22,7 +22,8 @@ from typing import IO, Optional
 
 from ..model import Profile
 from .common import (
-    check_fraction, check_truncate_source, format_ms, format_percent, format_source, to_ms,
+    check_fraction, check_truncate_source, format_ms, format_percent, format_source, printable,
+    to_ms,
 )
 
 
@@ -63,7 +64,7 @@ def render_flat(
     def cell(t: float) -> str:
         return f"{format_ms(to_ms(profile, t))} {format_percent(t, total):>6}"
 
-    table = [(n.name, cell(n.self), cell(n.total),
+    table = [(printable(n.name), cell(n.self), cell(n.total),
               format_source(n.src, truncate_source) if show_line else "") for n in shown]
     name_w = max(len("function"), *(len(r[0]) for r in table))
     self_w = max(len("self"), *(len(r[1]) for r in table))

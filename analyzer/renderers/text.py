@@ -22,7 +22,7 @@ from typing import IO, Optional
 from ..model import Profile
 from .common import (
     ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
-    ordered_nodes, to_ms,
+    ordered_nodes, printable, to_ms,
 )
 
 _THREADS_LISTED = 8  # the header names this many threads, heaviest first
@@ -75,7 +75,7 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
         return "\n".join(out) + "\n"
 
     index = {n: i for i, n in enumerate(shown, 1)}
-    labels = {n: f"{n.name} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
+    labels = {n: f"{printable(n.name)} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
     total = profile.total_time
     digits = _digits(to_ms(profile, total))
     ms = to_ms(profile, 1.0)
@@ -113,7 +113,7 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
             if label is not None:
                 out.append(f"{sub_indent}{label:<{name_w}}  {e.caller_time / whole * 100:>6.1f}%")
         out.append(f" {idx:<{idx_w}} {tot:>{tot_w}}  {slf:>{self_w}}  "
-                   f"{n.name} {format_source(n.src, truncate)}")
+                   f"{printable(n.name)} {format_source(n.src, truncate)}")
         for e in n.callees:  # heaviest first: right below the node
             label = labels.get(e.callee)
             if label is not None:
@@ -140,7 +140,7 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         heaviest = sorted(threads.items(), key=lambda tv: -tv[1])
         for t, v in heaviest[:_THREADS_LISTED]:
             name = profile.thread_names.get(t)
-            who = f"{name} ({t})" if name else f"{t}"
+            who = f"{printable(name)} ({printable(t)})" if name else printable(t)
             parts.append(f"{who} {format_ms(to_ms(profile, v))}")
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
