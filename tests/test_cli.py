@@ -427,10 +427,10 @@ def test_use_errortrace_either_works_or_says_why_in_one_line(tmp_path, busy):
 
 
 def test_the_console_script_entry_point(tmp_path, busy):
-    # what pip generates for `stackshot = sampler.cli:main`
+    # what pip generates for `stackshot = stackshot.cli:main`
     wrapper = write(tmp_path / "stackshot", """
 import re, sys
-from sampler.cli import main
+from stackshot.cli import main
 if __name__ == "__main__":
     sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
     sys.exit(main())

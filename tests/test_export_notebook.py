@@ -76,7 +76,7 @@ def test_magic_export_format_from_name_or_option():
     need_module("IPython")
     from IPython.core.error import UsageError
 
-    from sampler.notebook import _export_format
+    from stackshot.notebook import _export_format
 
     assert [_export_format(p, None) for p in ("a.pb.gz", "a.speedscope.json", "a.json", "a.prof",
                                              "a.pstats", "a.collapsed.txt", "a.html")] == [
@@ -94,7 +94,7 @@ def cells() -> list[tuple[str, list[str]]]:
     fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
     return [
         (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}", []),
-        ("%load_ext sampler.notebook", []),
+        ("%load_ext stackshot.notebook", []),
         ("%%sample -d 0.001 -v snaps -k request\nimport sampler\n"
          "with sampler.mark('request', 'r<1>'):\n    fib(24)", []),
         ("%sample -f text fib(25)", []),  # long enough for several samples inside fib
@@ -195,33 +195,22 @@ def test_inline_flame_graph_draws_inside_the_sandboxed_iframe(tmp_path):
         assert b.problems() == []
 
 
-# -- once the lead has wired the methods (see the exports report) ---------------------------
+# -- the extension's names and the reprs it registers ---------------------------------
 
-def _wired() -> bool:
-    import sampler
-    from analyzer import Profile
-    from sampler import Snapshots
-
-    return all((hasattr(sampler, "load_ipython_extension"), hasattr(Profile, "_repr_html_"),
-                hasattr(Profile, "_repr_pretty_"), hasattr(Snapshots, "_repr_html_"),
-                hasattr(Snapshots, "_repr_pretty_")))
-
-
-@pytest.mark.skipif(not _wired(), reason="not wired yet: sampler.load_ipython_extension and the "
-                    "_repr_html_/_repr_pretty_ methods of Profile and Snapshots")
-def test_load_ext_sampler_and_rich_reprs(tmp_path):
+@pytest.mark.parametrize("extension", ["stackshot", "sampler"])
+def test_load_ext_and_rich_reprs(tmp_path, extension):
     need_module("IPython")
     from IPython.lib.pretty import pretty
 
     from analyzer import analyze_samples
 
     assert "work" in pretty(analyze_samples(two_threads()))
-    assert pretty(two_threads()).startswith("<Snapshots v1")
+    assert pretty(two_threads()).startswith("<Snapshots v1")  # the sampler alone: its repr
     nbformat = need_module("nbformat")
     nbclient = need_module("nbclient")
     nb = nbformat.v4.new_notebook()
     for source in (f"import sys\nsys.path.insert(0, {str(REPO)!r})",
-                   "%load_ext sampler",
+                   f"%load_ext {extension}",
                    "%sample -f none -v s sum(i * i for i in range(3_000_000))",
                    "s",
                    "from analyzer import analyze_samples\nanalyze_samples(s)"):
@@ -231,3 +220,5 @@ def test_load_ext_sampler_and_rich_reprs(tmp_path):
     for cell in nb.cells[3:]:
         (out,) = html_of(cell)
         assert "stackshot" in out and "samples" in out
+    plain = nb.cells[3].outputs[0]["data"]["text/plain"]
+    assert plain.startswith("<Snapshots v1") and "Caller" in plain  # the registered pretty repr

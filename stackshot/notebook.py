@@ -1,4 +1,5 @@
-"""IPython magics: ``%load_ext sampler``, then ``%sample`` / ``%%sample``.
+"""IPython magics: ``%load_ext stackshot`` (or its alias ``%load_ext sampler``), then
+``%sample`` / ``%%sample``.
 
     %sample [options] STATEMENT        profile one line
     %%sample [options]                 profile the cell
@@ -19,15 +20,20 @@ Options:
     -v NAME      store the snapshots in the variable NAME
     -l SECONDS   show a live view, redrawn every SECONDS while the code runs
 
-The sampler package only collects; displaying is the analyzer's job, so this module
-imports ``analyzer`` and IPython only when the extension is loaded or a magic runs:
-``import sampler`` stays free of both.
+Loading the extension (or importing :mod:`stackshot` inside IPython) also teaches
+IPython to display a :class:`~sampler.snapshot.Snapshots` value as a flame graph
+and, in plain text, the Racket report: the sampler package only collects, so the
+display lives here rather than as methods of the snapshot value.  IPython itself is
+imported only when a magic runs or the extension is loaded.
 """
 
 from __future__ import annotations
 
 import threading
+import sys
 from typing import Any, Optional
+
+from sampler.snapshot import Snapshots
 
 SHOW = ("html", "text", "none")
 
@@ -144,6 +150,26 @@ def _magics_class() -> type:
     return SamplerMagics
 
 
+def register_snapshot_display(shell: Any = None) -> bool:
+    """Have IPython show :class:`Snapshots` with the analyzer's HTML and text reprs.
+
+    ``shell`` defaults to the running IPython shell, if any: importing ``stackshot``
+    in a notebook is enough.  Returns whether a shell was found.
+    """
+    if shell is None:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+        if shell is None:
+            return False
+    from analyzer.exports.notebook import snapshots_html, snapshots_pretty
+
+    formatters = shell.display_formatter.formatters
+    formatters["text/html"].for_type(Snapshots, snapshots_html)
+    formatters["text/plain"].for_type(Snapshots, snapshots_pretty)
+    return True
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    """Called by ``%load_ext sampler`` (through ``sampler.load_ipython_extension``)."""
+    """Called by ``%load_ext stackshot`` (and ``%load_ext sampler``, its alias)."""
     ipython.register_magics(_magics_class())
+    register_snapshot_display(ipython)

@@ -7,14 +7,13 @@ sampled too), runs the code, stops, analyses the snapshots and hands the profile
 renderer.  The sampler's own bookkeeping is left out of the profile (see
 :func:`trim_snapshots`), so what is shown is the code and what called it.
 
-``sampler`` only collects: the analyzer is imported inside the functions here, never
-at import time, so ``import sampler`` does not load it.
+This is the ``stackshot`` layer: it uses both ``sampler`` (to collect) and
+``analyzer`` (to analyse and render); ``sampler`` itself never imports the analyzer.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
 import numbers
@@ -22,15 +21,14 @@ import os
 import sys
 import threading
 from array import array
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
-from . import realthreads
-from .controller import Sampler, create_sampler
-from .groups import ThreadGroup
-from .snapshot import Frame, Snapshots, StackTrie
+from sampler import realthreads
+from sampler.controller import Sampler, create_sampler
+from sampler.groups import ThreadGroup
+from sampler.snapshot import Frame, Snapshots, StackTrie
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers only; never imported at run time
-    from analyzer.model import Profile
+from analyzer import Profile, analyze_samples, render_text
 
 __all__ = ["profile_thunk", "profile", "Profiler", "TEXT", "call_renderer", "trim_snapshots"]
 
@@ -43,13 +41,11 @@ ORDERS = ("topological", "self", "total")
 class _TextRenderer:
     """The default renderer: the analyzer's text report, printed to standard output.
 
-    A named object rather than ``analyzer.render_text`` itself so that the default can
-    sit in a signature without importing the analyzer when ``sampler`` is imported.
+    A named object rather than ``analyzer.render_text`` itself so that it has a
+    readable repr in signatures and help.
     """
 
     def __call__(self, profile: "Profile", order: str = "topological") -> None:
-        from analyzer import render_text
-
         render_text(profile, sys.stdout, order=order)
         sys.stdout.flush()
 
@@ -138,20 +134,24 @@ _NOT_OURS = frozenset({"demo.py"})  # the bundled demo is a program to profile, 
 
 
 def _own_files() -> frozenset[str]:
-    """``co_filename`` of every module of the sampler package but the demo program.
+    """``co_filename`` of every module of the ``stackshot`` and ``sampler`` packages but
+    the demo program.
 
-    Built from this module's own ``co_filename`` (so the strings are exactly those
-    frames carry, relative or absolute, however the package was imported) and the
-    package directory's listing (so modules not imported yet count too).
+    Built from a function's own ``co_filename`` in each package (so the strings are
+    exactly those frames carry, relative or absolute, however the package was
+    imported) and each package directory's listing (so modules not imported yet
+    count too).
     """
-    here = _run_thunk.__code__.co_filename
-    folder = os.path.dirname(here)
-    try:
-        listing = os.listdir(folder or ".")
-    except OSError:
-        listing = []
-    names = {os.path.join(folder, f) for f in listing if f.endswith(".py") and f not in _NOT_OURS}
-    names.add(here)
+    names: set[str] = set()
+    for here in (_run_thunk.__code__.co_filename, create_sampler.__code__.co_filename):
+        folder = os.path.dirname(here)
+        try:
+            listing = os.listdir(folder or ".")
+        except OSError:
+            listing = []
+        names.update(os.path.join(folder, f) for f in listing
+                     if f.endswith(".py") and f not in _NOT_OURS)
+        names.add(here)
     return frozenset(names)
 
 
@@ -308,8 +308,6 @@ class _Periodic:
         try:
             while not self._stop.acquire(timeout=self.seconds):
                 try:
-                    from analyzer import analyze_samples
-
                     prof = analyze_samples(self.trim(self.sampler.get_snapshots()))
                     call_renderer(self.render, prof, self.order)
                 except Exception as e:  # never kill the program for a progress report
@@ -353,7 +351,7 @@ class Profiler:
         order: str = "topological",
         entries: Iterable[Callable[..., Any]] = (),
     ) -> None:
-        from .controller import _check_delay
+        from sampler.controller import _check_delay
 
         self.delay = _check_delay(delay)
         self.threads = bool(threads)
@@ -381,8 +379,6 @@ class Profiler:
         if self.sampler is not None:
             raise RuntimeError("this profile is already running; use a new profile(...) "
                                "for a nested or concurrent block")
-        importlib.import_module("analyzer")  # a missing analyzer fails now, not after the run
-
         self.snapshots = self.profile = None
         group = ThreadGroup("stackshot profile") if self.threads else None
         me = threading.current_thread()
@@ -397,8 +393,6 @@ class Profiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        from analyzer import analyze_samples
-
         sampler = self.sampler
         if sampler is None:
             return

@@ -1,4 +1,5 @@
-"""``python -m sampler`` (and the ``stackshot`` command): profile a whole program.
+"""The ``stackshot`` command (also ``python -m stackshot`` and ``python -m sampler``):
+profile a whole program.
 
 ``stackshot [options] script.py [args]``, ``-m module [args]`` or ``-c code [args]``,
 as ``python -m cProfile`` takes them.  The program runs in this process, in the main
@@ -9,12 +10,12 @@ the main thread (``--all-threads``: every thread); when the program ends -- by
 returning, ``sys.exit``, an exception or Ctrl-C -- the profile of what ran is saved
 (``-o``) and rendered (``--format``).
 
-The program is run from :func:`_run_program`; :func:`sampler.toplevel.trim_snapshots`
+The program is run from :func:`_run_program`; :func:`stackshot.toplevel.trim_snapshots`
 cuts every frame outside it, so the profile starts at the program's ``<module>``.
 
-Only collecting happens in ``sampler``: the output half comes from
-:mod:`analyzer.cli`, imported when the command starts, before the program can
-change ``sys.path``.
+Collecting is the ``sampler``'s work; the output half (formats, filters, writing)
+comes from :mod:`analyzer.cli`, imported when the command starts, before the
+program can change ``sys.path``.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ import traceback
 import types
 from typing import IO, Any, Optional, Sequence
 
-from .controller import create_sampler
-from .snapshot import Snapshots
+from sampler.controller import create_sampler
+from sampler.snapshot import Snapshots
+from sampler.tracking import ALL_THREADS
+
 from .toplevel import _own_files, _runpy_files, trim_snapshots
-from .tracking import ALL_THREADS
 
 __all__ = ["main", "Program"]
 
@@ -397,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     the program failed.
     """
     from analyzer.cli import CLIError, OutputOptions, check_writable
-    importlib.import_module(".snapshot_file", __package__)  # loaded before the program owns sys.path
+    importlib.import_module("sampler.snapshot_file")  # loaded before the program owns sys.path
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
