@@ -216,9 +216,11 @@ def _snapshot_profile(snap: Any, group: Any, weight: str, granularity: str,
         thread_times = dict(sorted(group.thread_times.items()))
         sample_number = group.sample_number
     names = {t.id: t.name for t in snap.threads if t.id in thread_times}
-    return _profile(rows, infos, scale=scale, thread_times=thread_times,
-                    sample_number=sample_number, cpu_time=snap.cpu_time, thread_names=names,
-                    weight=weight, granularity=granularity, interval=interval, unit="s")
+    profile = _profile(rows, infos, scale=scale, thread_times=thread_times,
+                       sample_number=sample_number, cpu_time=snap.cpu_time, thread_names=names,
+                       weight=weight, granularity=granularity, interval=interval, unit="s")
+    profile.runs = tuple(snap.runs)
+    return profile
 
 
 def _analyze_raw(value: tuple, *, weight: str, granularity: str, interval: str,

@@ -13,6 +13,7 @@ This is the ``stackshot`` layer: it uses both ``sampler`` (to collect) and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -20,6 +21,7 @@ import numbers
 import os
 import sys
 import threading
+import time
 from array import array
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
@@ -285,6 +287,78 @@ def _compact(frames: list[Frame], stack_frame: array, stack_parent: array,
 
 
 # ----------------------------------------------------------------------------------
+# What was not seen: other threads
+# ----------------------------------------------------------------------------------
+def _thread_cpu(ident: int) -> Optional[float]:
+    """A live thread's CPU seconds (``None`` when it cannot be read, e.g. it ended)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError, OverflowError):
+        return None
+
+
+class OtherThreads:
+    """Counts the threads that used CPU while only some threads were sampled, so the
+    report can say so ("3 other threads used up to 812ms, not sampled").
+
+    Two kinds: threads alive when sampling starts whose CPU time grew by the end
+    (read from their CPU clocks while they live), and ``threading`` threads started
+    while it ran (seen by a :func:`threading.setprofile` hook that removes itself on
+    the thread's first event).  The time is the report's to bound: the process CPU
+    time no sample and no collector accounts for.
+    """
+
+    def __init__(self, tracked: Iterable[threading.Thread]) -> None:
+        self._tracked = {t.ident for t in tracked}
+        self._started: set[int] = set()
+        self._before: dict[int, Optional[float]] = {}
+        self._saved: Any = None
+
+    def _hook(self, frame: Any, event: str, arg: Any) -> None:
+        self._started.add(threading.get_ident())
+        sys.setprofile(None)  # one event per thread is all this needs
+
+    def __enter__(self) -> "OtherThreads":
+        self._before = {t.ident: _thread_cpu(t.ident) for t in threading.enumerate()
+                        if t.ident is not None and t.ident not in self._tracked}
+        self._saved = threading.getprofile() if hasattr(threading, "getprofile") else None
+        threading.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.setprofile(self._saved)
+        self.counted = self._count()
+
+    counted = 0
+
+    def _count(self) -> int:
+        busy = set()
+        for ident, before in self._before.items():
+            after = _thread_cpu(ident)
+            if before is None or after is None or after > before:
+                busy.add(ident)
+        return len(busy | (self._started - self._tracked))
+
+    def extra(self) -> dict[str, Any]:
+        """What the run's metadata records (read by the text report's header)."""
+        return {"other_threads": self.counted} if self.counted else {}
+
+
+def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
+    """The snapshots with ``extra`` added to every run's metadata."""
+    runs = [dataclasses.replace(r, extra={**r.extra, **extra}) for r in snapshots.runs]
+    return Snapshots(
+        frames=snapshots.frames, stack_frame=snapshots.stack_frame,
+        stack_parent=snapshots.stack_parent, threads=snapshots.threads,
+        sample_thread=snapshots.sample_thread, sample_stack=snapshots.sample_stack,
+        sample_wall=snapshots.sample_wall, sample_cpu=snapshots.sample_cpu,
+        sample_marks=snapshots.sample_marks, wall_overflow=snapshots.wall_overflow,
+        cpu_overflow=snapshots.cpu_overflow, mark_sets=snapshots.mark_sets,
+        custom_keys=snapshots.custom_keys, runs=runs,
+    )
+
+
+# ----------------------------------------------------------------------------------
 # The periodic renderer
 # ----------------------------------------------------------------------------------
 class _Periodic:
@@ -366,6 +440,8 @@ class Profiler:
         self.profile: Optional["Profile"] = None
         self._group: Optional[ThreadGroup] = None
         self._periodic: Optional[_Periodic] = None
+        self._others: Optional[OtherThreads] = None
+        self._pid = 0
 
     def _options(self) -> dict[str, Any]:
         return dict(delay=self.delay, threads=self.threads, render=self.render,
@@ -384,6 +460,10 @@ class Profiler:
         me = threading.current_thread()
         self.sampler = create_sampler([group, me] if group is not None else me, self.delay,
                                       use_errortrace=self.use_errortrace)
+        self._pid = os.getpid()
+        self._others = None
+        if group is None and not self.use_errortrace:
+            self._others = OtherThreads([me]).__enter__()
         if self.periodic_renderer is not None:
             seconds, render = self.periodic_renderer
             self._periodic = _Periodic(seconds, render, self.sampler, self.order, self._trim)
@@ -396,6 +476,13 @@ class Profiler:
         sampler = self.sampler
         if sampler is None:
             return
+        if os.getpid() != self._pid:
+            # a process forked inside the block: the profile is the parent's to render
+            self.sampler = None
+            return
+        others, self._others = self._others, None
+        if others is not None:
+            others.__exit__()
         if self._group is not None:
             self._group.__exit__(exc_type, exc, tb)
             self._group = None
@@ -405,6 +492,8 @@ class Profiler:
         sampler.stop()
         self.sampler = None
         self.snapshots = self._trim(sampler.get_snapshots())
+        if others is not None and others.extra():
+            self.snapshots = _with_run_extra(self.snapshots, others.extra())
         self.profile = analyze_samples(self.snapshots)
         if exc is not None:
             print(f"stackshot: the profiled code raised {_one_line(exc)}; "

@@ -31,9 +31,9 @@ def test_readme_python_example_runs(tmp_path):
 
 
 def test_the_demo_the_first_command_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sampler", "-m", "stackshot.demo"],
+    proc = subprocess.run([sys.executable, "-m", "stackshot", "-m", "stackshot.demo"],
                           capture_output=True, text=True, cwd=tmp_path, env=repo_env(),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("demo: ")
-    assert "Caller" in proc.stdout and "fingerprint" in proc.stdout
+    assert proc.stdout.startswith("demo: ") and "Caller" not in proc.stdout
+    assert "Caller" in proc.stderr and "fingerprint" in proc.stderr  # the report: stderr

@@ -361,3 +361,47 @@ def test_trim_cuts_outside_the_entry_and_splices_the_profilers_frames():
     assert trimmed.runs == snaps.runs
 
 
+
+
+# -- processes and threads the profile does not see ------------------------------------
+
+def test_a_child_forked_inside_the_block_never_renders_the_parents_profile(tmp_path):
+    from run_helpers import SPIN_SOURCE, repo_env
+
+    script = tmp_path / "forks.py"
+    script.write_text(SPIN_SOURCE + """
+import os, stackshot
+with stackshot.profile():
+    spin(0.05)
+    pid = os.fork()
+    if pid == 0:
+        spin(0.02)
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=repo_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Profiling results") == 1 and "spin" in proc.stdout
+
+
+def test_the_header_says_other_threads_ran_unsampled():
+    r = Recorder()
+
+    def code():
+        t = threading.Thread(target=spin, args=(0.1,))
+        t.start()
+        t.join()
+        spin(0.02)
+
+    profile_thunk(code, render=r)
+    from analyzer import render_text
+
+    import re
+
+    found = re.search(r"(\d+) other threads? used up to ", render_text(r.calls[0][0]))
+    assert found and int(found[1]) >= 1  # the thread started (and any other that ran)
+    r.calls.clear()
+    profile_thunk(code, render=r, threads=True)  # sampled: nothing to say
+    assert "other thread" not in render_text(r.calls[0][0])

@@ -132,8 +132,10 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
     else:
         lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
     n = profile.sample_number
-    every = f" (once every {format_ms(total_ms / n)})" if n else ""
-    lines.append(f"  Number of samples taken: {n}{every}")
+    lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
+    engines = sorted({r.engine for r in profile.runs if getattr(r, "engine", "")})
+    if engines:
+        lines.append(f"  Engine: {', '.join(engines)}")
     threads = profile.thread_times
     if len(threads) > 1:
         parts = []
@@ -145,9 +147,45 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
         lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
+    lines.extend(unseen_lines(profile))
     if n_hidden:
         lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
                      f"local<={hide_subs * 100:.1f}%: {n_hidden} of {len(profile.nodes)} hidden)")
+    return lines
+
+
+def _period(profile: Profile, total_ms: float) -> str:
+    """" (once every …)": the sampling period achieved, and the one asked for, from the
+    sampler runs; without them (Racket's raw shape, hand-built snapshots) the mean
+    time a sample observed, which is what Racket prints."""
+    runs = profile.runs
+    ticks = sum(getattr(r, "ticks", 0) for r in runs)
+    if ticks:
+        achieved = 1000.0 * sum(r.sampling_wall for r in runs) / ticks
+        asked = sorted({r.requested_delay for r in runs})
+        wanted = ", ".join(format_ms(1000.0 * d) for d in asked)
+        return f" (once every {format_ms(achieved)}; asked for {wanted})"
+    n = profile.sample_number
+    return f" (once every {format_ms(total_ms / n)})" if n else ""
+
+
+def unseen_lines(profile: Profile) -> list[str]:
+    """What the samples could not see, from what the front end recorded in the runs:
+    other threads' CPU time and child processes that ran unprofiled."""
+    lines = []
+    extra = [r.extra for r in profile.runs if isinstance(getattr(r, "extra", None), dict)]
+    others = sum(int(e.get("other_threads", 0)) for e in extra)
+    if others and profile.weight == "cpu":
+        collector = sum(getattr(r, "collector_cpu", 0.0) for r in profile.runs)
+        unseen = to_ms(profile, profile.cpu_time - profile.total_time) - 1000.0 * collector
+        if unseen > 0:
+            threads = "thread" if others == 1 else "threads"
+            lines.append(f"  {others} other {threads} used up to {format_ms(unseen)}, "
+                         "not sampled: use --all-threads (threads=True in the API)")
+    children = sum(int(e.get("child_processes", 0)) for e in extra)
+    if children:
+        procs = "process" if children == 1 else "processes"
+        lines.append(f"  {children} child {procs} ran unprofiled")
     return lines
 
 
