@@ -12,10 +12,10 @@ Options:
     -w CLOCK     ``cpu`` (default) or ``wall``: how samples are weighted
     -f SHOW      what to display: ``html`` (flame graph, default), ``text`` (Racket's
                  report), ``none``
-    -o PATH      also write an export to PATH; its format comes from ``-e`` or from
-                 the file name (``.speedscope.json``, ``.pb.gz``, ``.pstats``, ``.html``,
-                 ``.collapsed.txt``)
-    -e FORMAT    the export format for ``-o`` (speedscope, collapsed, pstats, pprof, html)
+    -o PATH      also write the profile to PATH, in the format its name says, as
+                 ``stackshot -o`` does (``.pstats``, ``.html``, ``.json``, ``.pb.gz``,
+                 ``.collapsed``, ``.dot``, ``.txt``, ``.stackshot`` …)
+    -e FORMAT    the format for ``-o`` when its name says none
     -k KEY       record the marks of KEY (repeatable), as ``create_sampler``'s custom keys
     -v NAME      store the snapshots in the variable NAME
     -l SECONDS   show a live view, redrawn every SECONDS while the code runs
@@ -30,35 +30,45 @@ imported only when a magic runs or the extension is loaded.
 from __future__ import annotations
 
 import threading
+import math
 import sys
 from typing import Any, Optional
 
 from sampler.snapshot import Snapshots
 
+from .toplevel import _runpy_files, trim_snapshots
+
 SHOW = ("html", "text", "none")
 
 
-def _export_format(path: str, given: Optional[str]) -> str:
+def _output_options(path: str, given: Optional[str], clock: str) -> Any:
+    """How to write ``-o PATH``: the format its name says (the rule every front end
+    shares, :func:`analyzer.cli.format_for_path`) or ``-e``'s; checked now, before
+    the code runs, and a bad one is a usage error rather than a traceback."""
     from IPython.core.error import UsageError
 
-    from analyzer.exports import FORMATS, get_format
+    from analyzer.cli import CLIError, OutputOptions
 
-    if given:
-        try:
-            return get_format(given).name
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-    by_length = sorted(FORMATS.values(), key=lambda f: -len(f.extension))
-    for fmt in by_length:
-        if path.endswith(fmt.extension):
-            return fmt.name
-    simple = {".json": "speedscope", ".txt": "collapsed", ".prof": "pstats", ".gz": "pprof",
-              ".htm": "html"}
-    for ending, name in simple.items():
-        if path.endswith(ending):
-            return name
-    raise UsageError(f"cannot tell the export format of {path!r} from its name; "
-                     f"add -e with one of: {', '.join(sorted(FORMATS))}")
+    try:
+        return OutputOptions(format=given or "text", format_given=bool(given),
+                             weight=clock).for_file(path)
+    except CLIError as e:
+        raise UsageError(str(e).replace("--format", "-e")) from None
+
+
+def _shell_files(shell: Any) -> frozenset[str]:
+    """The files of IPython's cell runner, between a magic and the cell it runs
+    (``run_cell``, ``run_ast_nodes``, ``run_code``, the coroutine runner): cut from
+    the top of a magic's profile, so that it starts at the user's code."""
+    from IPython.core import async_helpers, interactiveshell
+
+    names = {interactiveshell.__file__, async_helpers.__file__}
+    for klass in type(shell).__mro__:
+        run_cell = vars(klass).get("run_cell")
+        code = getattr(run_cell, "__code__", None)
+        if code is not None:
+            names.add(code.co_filename)
+    return frozenset(n for n in names if n)
 
 
 def _magics_class() -> type:
@@ -76,12 +86,13 @@ def _magics_class() -> type:
             code = cell if cell is not None else statement
             if not code.strip():
                 raise UsageError("%sample needs a statement to run (or use %%sample on a cell)")
+            magic_code = sys._getframe().f_code  # its own work is no part of the profile
             delay = self._number(opts, "d", None)
             what = self._choice(opts, "t", "current", ("current", "all"))
             clock = self._choice(opts, "w", "cpu", ("cpu", "wall"))
             show = self._choice(opts, "f", "html", SHOW)
             output = self._last(opts, "o")
-            export_as = _export_format(output, self._last(opts, "e")) if output else None
+            write_opts = _output_options(output, self._last(opts, "e"), clock) if output else None
             keys = list(opts.get("k", []))
             var = self._last(opts, "v")
             live_every = self._number(opts, "l", None)
@@ -103,13 +114,18 @@ def _magics_class() -> type:
                 ctl("stop")
                 if live is not None:
                     live.stop()
-            snaps = ctl("get-snapshots")
+            snaps = trim_snapshots(ctl("get-snapshots"), (magic_code,),
+                                   launch_files=_runpy_files() | _shell_files(shell))
             if var:
                 shell.user_ns[var] = snaps
-            if output and export_as:
-                from analyzer.exports import export
+            if write_opts is not None:
+                from analyzer.cli import CLIError, write_output
 
-                print(f"stackshot: wrote {export(snaps, export_as, output, clock=clock)} ({export_as})")
+                try:
+                    write_output(snaps, write_opts)
+                except CLIError as e:
+                    raise UsageError(str(e)) from None
+                print(f"stackshot: wrote {output} ({write_opts.format})")
             self._show(snaps, show, clock, shown_live=live is not None)
 
         # -- helpers ----------------------------------------------------------------
@@ -143,9 +159,13 @@ def _magics_class() -> type:
             if value is None:
                 return default
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise UsageError(f"-{key} takes a number of seconds, not {value!r}") from None
+            least = "0" if key == "d" else "more than 0"
+            if not math.isfinite(number) or number < 0 or (key != "d" and number == 0):
+                raise UsageError(f"-{key} takes a finite number of seconds, {least}, not {value}")
+            return number
 
     return SamplerMagics
 

@@ -171,10 +171,24 @@ def _runpy_files() -> frozenset[str]:
     return frozenset(n for n in names if n)
 
 
-def _code_key(fn: Callable[..., Any]) -> tuple[str, int]:
-    """Where a function starts: what a :class:`Frame` of it records, whether its name
-    is recorded qualified (3.11+) or not."""
-    code = fn.__code__
+def cell_entries() -> tuple[Callable[..., Any], ...]:
+    """In IPython, the function that runs a cell's code (``InteractiveShell.run_code``):
+    cutting there starts a notebook's profile at the user's code, without the
+    kernel's ipykernel, tornado, asyncio and traitlets frames above it.  Empty
+    outside IPython (it is never imported here)."""
+    if "IPython" not in sys.modules:
+        return ()
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+    except ImportError:
+        return ()
+    return (InteractiveShell.run_code,)
+
+
+def _code_key(fn: Any) -> tuple[str, int]:
+    """Where a function (or code object) starts: what a :class:`Frame` of it records,
+    whether its name is recorded qualified (3.11+) or not."""
+    code = getattr(fn, "__code__", fn)
     return (code.co_filename, code.co_firstlineno)
 
 
@@ -449,7 +463,8 @@ class Profiler:
                     order=self.order)
 
     def _trim(self, snapshots: Snapshots) -> Snapshots:
-        return trim_snapshots(snapshots, self._entries)
+        # a block has no entry of its own: in a notebook its profile starts at the cell
+        return trim_snapshots(snapshots, self._entries or cell_entries())
 
     def __enter__(self) -> "Profiler":
         if self.sampler is not None:

@@ -72,20 +72,21 @@ def test_profile_html_without_and_with_its_source():
         assert "iframe" in profile_html(profile)
 
 
-def test_magic_export_format_from_name_or_option():
+def test_magic_output_format_follows_the_one_rule_of_every_front_end(tmp_path):
     need_module("IPython")
     from IPython.core.error import UsageError
 
-    from stackshot.notebook import _export_format
+    from analyzer.cli import FILE_ENDINGS, format_for_path
+    from stackshot.notebook import _output_options
 
-    assert [_export_format(p, None) for p in ("a.pb.gz", "a.speedscope.json", "a.json", "a.prof",
-                                             "a.pstats", "a.collapsed.txt", "a.html")] == [
-        "pprof", "speedscope", "speedscope", "pstats", "pstats", "collapsed", "html"]
-    assert _export_format("a.bin", "pprof") == "pprof"
-    with pytest.raises(UsageError, match="cannot tell the export format of 'a.bin'"):
-        _export_format("a.bin", None)
-    with pytest.raises(UsageError, match="unknown export format 'svg'"):
-        _export_format("a.svg", "svg")
+    for ending, fmt in FILE_ENDINGS:
+        path = tmp_path / ("a" + ending)
+        assert _output_options(str(path), None, "cpu").format == fmt == format_for_path(path)
+    assert _output_options(str(tmp_path / "a.bin"), "pprof", "cpu").format == "pprof"
+    with pytest.raises(UsageError, match="cannot tell what to write to .*a.bin"):
+        _output_options(str(tmp_path / "a.bin"), None, "cpu")
+    with pytest.raises(UsageError, match="unknown format 'svg'"):
+        _output_options(str(tmp_path / "a.svg"), "svg", "cpu")
 
 
 # -- a real notebook -------------------------------------------------------------------
@@ -222,3 +223,48 @@ def test_load_ext_and_rich_reprs(tmp_path, extension):
         assert "stackshot" in out and "samples" in out
     plain = nb.cells[3].outputs[0]["data"]["text/plain"]
     assert plain.startswith("<Snapshots v1") and "Caller" in plain  # the registered pretty repr
+
+
+# -- the cell, not the kernel ------------------------------------------------------------
+
+def test_every_notebook_front_end_profiles_the_cell_not_the_kernel(tmp_path):
+    """``%%sample``, ``%sample``, ``with profile():`` and ``profile_thunk`` on a real
+    kernel: every frame of the profile is the notebook's own code."""
+    import json
+
+    nbformat = need_module("nbformat")
+    nbclient = need_module("nbclient")
+    need_module("ipykernel")
+    fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    sources = [
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}",
+        "%load_ext stackshot",
+        "%%sample -f none -v cell\nx = fib(23)",
+        "%sample -f none -v line x = fib(23)",
+        "import stackshot\nwith stackshot.profile(render=None) as p:\n    fib(23)\nblock = p.snapshots",
+        "got = []\nstackshot.profile_thunk(lambda: fib(23), render=got.append)\n"
+        "thunk = got[0].source",
+        "import json\nprint(json.dumps({k: sorted({f.filename for f in v.frames}) "
+        "for k, v in dict(cell=cell, line=line, block=block, thunk=thunk).items()}))",
+        "%%sample -d -1\nfib(5)",
+        "%sample -l 0 fib(5)",
+    ]
+    nb = nbformat.v4.new_notebook()
+    for source in sources:
+        cell = nbformat.v4.new_code_cell(source)
+        if source.startswith("%%sample -d -1") or source.startswith("%sample -l 0"):
+            cell.metadata["tags"] = ["raises-exception"]
+        nb.cells.append(cell)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    files = json.loads(text_of(nb.cells[6]))
+    for kind, names in files.items():
+        assert names, kind
+        for name in names:  # the cells' own files; no kernel, library or stackshot code
+            assert "ipykernel" in name or name.startswith("<ipython-input"), (kind, name)
+            assert not any(lib in name for lib in ("site-packages", "/lib/python", "stackshot/")), \
+                (kind, name)
+    for cell, option in ((nb.cells[7], "-d"), (nb.cells[8], "-l")):
+        shown = json.dumps(cell.outputs)
+        assert "UsageError" in shown and f"{option} takes a finite number" in shown, shown
+        assert "Traceback" not in shown and "ValueError" not in shown, shown
