@@ -43,13 +43,14 @@ PROFILE_FORMATS = {
     "flat": "MLton-style flat table: function, self, total, by self time",
     "dot": "Graphviz source of the call graph: dot -Tsvg",
     "json": "the analysed profile as JSON (Racket's profile->json layout)",
+    "tree": "the call tree, path by path, like pyinstrument's console output",
 }
 """Formats rendered from the analysed profile; exports render the snapshots."""
 
 SNAPSHOT_FORMAT = "stackshot"
 """The snapshots themselves, in the safe file format ``python -m analyzer`` reads."""
 
-REPORT_FORMATS = ("text", "flat")
+REPORT_FORMATS = ("text", "flat", "tree")
 """Formats written for a person to read: the only ones ``stackshot`` prints (on
 standard error); every other format is a file for a program and needs ``-o``."""
 
@@ -279,7 +280,7 @@ class OutputOptions:
         if self.format not in output_formats():
             raise CLIError(f"unknown format {self.format!r}; known formats: "
                            f"{', '.join(output_formats())}", EXIT_USAGE)
-        if self.format not in PROFILE_FORMATS:
+        if self.format not in PROFILE_FORMATS or self.format == "tree":
             used = [name for name, on in (("--thresh", self.thresh), ("--keep", self.keep),
                                           ("--drop", self.drop),
                                           ("--granularity line", self.granularity != "function"))
@@ -381,6 +382,10 @@ def render_output(snapshots: Any, opts: OutputOptions) -> Any:
         fmt = _export_formats()[opts.format]
         kwargs = _clock_keyword(fmt.render, opts.weight)
         return fmt.render(snapshots, **kwargs)
+    if opts.format == "tree":  # paths need the stacks: drawn from the snapshots
+        from .renderers.tree import render_tree
+
+        return render_tree(snapshots, clock=opts.weight, hide=opts.hide_self)
     profile = analyze_samples(snapshots, weight=opts.weight, granularity=opts.granularity)
     keep = _selection(opts, profile.total_time)
     if keep is not None:

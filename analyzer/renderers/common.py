@@ -35,13 +35,11 @@ def check_choice(name: str, value: Any, valid: Iterable[str]) -> str:
 
 
 def format_source(src: Any, limit: Optional[int]) -> str:
-    """``src`` as text, keeping its end (the file name and line) when longer than ``limit``."""
-    if src is None:
-        return "(unknown source)"
-    text = str(src)
-    if limit is not None and len(text) > limit:
-        return "..." + text[len(text) - max(limit - 3, 1):]
-    return text
+    """``src`` as text: relative to its ``sys.path`` entry, shortened by whole leading
+    directories when longer than ``limit`` (see :mod:`.naming`)."""
+    from .naming import format_source as short
+
+    return short(src, limit)
 
 
 def format_percent(part: float, whole: float) -> str:

@@ -17,28 +17,31 @@ root has no entry of its own.
 
 from __future__ import annotations
 
-from typing import IO, Optional
+import os
+from typing import IO, Optional, Union
 
 from ..model import Profile
+from .naming import display_names, emit, hidden_chains
 from .common import (
-    ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
+    ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source,
     ordered_nodes, to_ms,
 )
 
 _THREADS_LISTED = 8  # the header names this many threads, heaviest first
-_NAME_CAP = 60  # the Local% column waits for names up to this long; longer ones push it
+WIDTH = 100  # rows fit this many columns (a long name alone may push past it)
 
 
 def render_text(
     profile: Profile,
-    file: Optional[IO[str]] = None,
+    file: Union[None, str, "os.PathLike[str]", IO[str]] = None,
     *,
     order: str = "topological",
     truncate_source: Optional[int] = 50,
     hide_self: float = 0.01,
     hide_subs: float = 0.02,
 ) -> str:
-    """Racket's text report of ``profile``; returned, and also written to ``file`` if given.
+    """Racket's text report of ``profile``; returned, and also written to ``file`` if
+    given (an open text stream, or a path to write).
 
     ``order``: ``'topological'`` (callers before callees, as analysed), ``'self'`` or
     ``'total'`` (heaviest first).  ``truncate_source``: keep at most this many
@@ -53,16 +56,13 @@ def render_text(
     hide_self = check_fraction("hide_self", hide_self)
     hide_subs = check_fraction("hide_subs", hide_subs)
     check_truncate_source(truncate_source)
-    text = _render(profile, order, truncate_source, hide_self, hide_subs)
-    if file is not None:
-        file.write(text)
-    return text
+    return emit(_render(profile, order, truncate_source, hide_self, hide_subs), file)
 
 
 def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: float,
             hide_subs: float) -> str:
     out: list[str] = []
-    hidden = hidden_nodes(profile, hide_self, hide_subs)
+    hidden = hidden_chains(profile, hide_self, hide_subs)
     shown = [n for n in ordered_nodes(profile, order) if n not in hidden]
     out.extend(_header(profile, len(hidden), hide_self, hide_subs))
     if not profile.sample_number and not profile.nodes:
@@ -75,7 +75,8 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
         return "\n".join(out) + "\n"
 
     index = {n: i for i, n in enumerate(shown, 1)}
-    labels = {n: f"{n.name} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
+    names = display_names(profile, shown)
+    labels = {n: f"{names[n]} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
     total = profile.total_time
     digits = _digits(to_ms(profile, total))
     ms = to_ms(profile, 1.0)
@@ -91,8 +92,8 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     sub_indent = " " * (lead + 2)
     # wide enough for every label up to the cap; a longer one pushes only its own
     # percentage right, still two spaces clear of it
-    name_w = min(_NAME_CAP, max(len("Name+src"), *map(len, labels.values())))
     pct_w = 7  # "100.0%" and a space
+    name_w = min(WIDTH - (lead + 2 + 2 + pct_w), max(len("Name+src"), *map(len, labels.values())))
     width = max(lead + 2 + name_w + 2 + pct_w, 60)
 
     out.append("")
@@ -112,8 +113,11 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
             label = labels.get(e.caller)
             if label is not None:
                 out.append(f"{sub_indent}{label:<{name_w}}  {e.caller_time / whole * 100:>6.1f}%")
+        # the source gets what is left of the row (all of it with truncate_source=None)
+        room = max(WIDTH - lead - len(names[n]) - 1, 4)
+        limit = None if truncate is None else min(truncate, room)
         out.append(f" {idx:<{idx_w}} {tot:>{tot_w}}  {slf:>{self_w}}  "
-                   f"{n.name} {format_source(n.src, truncate)}")
+                   f"{names[n]} {format_source(n.src, limit)}")
         for e in n.callees:  # heaviest first: right below the node
             label = labels.get(e.callee)
             if label is not None:
