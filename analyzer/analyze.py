@@ -169,6 +169,9 @@ def _recognise(samples: Any) -> Any:
         from sampler.snapshot import Snapshots, merge
 
         return merge(*samples) if samples else Snapshots()
+    if callable(samples) and callable(getattr(samples, "get_snapshots", None)):
+        raise TypeError("analyze_samples() takes the snapshots, not the sampler's controller: "
+                        "call ctl('get-snapshots') and analyse what it returns")
     raise TypeError(
         "analyze_samples() takes a Snapshots value, a list of them, or Racket's raw shape "
         f"(cpu_time, [(thread_id, thread_time, frame, ...), ...]); got {type(samples).__name__}")
