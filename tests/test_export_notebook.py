@@ -268,3 +268,41 @@ def test_every_notebook_front_end_profiles_the_cell_not_the_kernel(tmp_path):
         shown = json.dumps(cell.outputs)
         assert "UsageError" in shown and f"{option} takes a finite number" in shown, shown
         assert "Traceback" not in shown and "ValueError" not in shown, shown
+
+
+@pytest.mark.parametrize("width", [700, 1280])  # a narrow notebook, a wide one
+def test_the_inline_flame_graph_fits_its_frame_and_names_never_wrap_letter_by_letter(tmp_path, width):
+    import json
+    import time
+
+    exe = find_chromium() or need_program("chromium", "chromium")
+    page = tmp_path / "cell.html"
+    page.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{snapshots_html(demo_app())}"
+                    "</body></html>", encoding="utf-8")
+    with Browser(exe, profile_dir=str(tmp_path / "profile"), width=width) as b:
+        b.open(page)
+        ready = ("document.querySelector('.ss-root') && "
+                 "document.querySelector('.ss-root').getAttribute('data-ready') === '1'")
+        for _ in range(600):  # only against hangs
+            if b.eval_in_child_frame(ready):
+                break
+            time.sleep(0.1)
+        got = json.loads(b.eval_in_child_frame("""JSON.stringify((function () {
+          var svg = document.querySelector('svg.ss-flame').getBoundingClientRect();
+          var cells = Array.from(document.querySelectorAll('.ss-table td.ss-name'));
+          return {w: document.documentElement.clientWidth, h: document.documentElement.clientHeight,
+                  right: svg.right, bottom: svg.bottom,
+                  names: cells.map(function (td) {
+                    var probe = document.createElement('span');
+                    probe.textContent = 'x';
+                    td.appendChild(probe);
+                    var line = probe.getBoundingClientRect().height;
+                    td.removeChild(probe);
+                    return [td.textContent, td.getBoundingClientRect().height / line]; })};
+        })())"""))
+        assert b.problems() == []
+    assert 0 < got["right"] <= got["w"] and 0 < got["bottom"] <= got["h"], got
+    assert got["names"], "the caller/callee table is there"
+    for name, lines in got["names"]:
+        if len(name) <= 30:
+            assert lines < 2.5, (name, lines, got["w"])  # one line (two at most), not a column of letters
