@@ -21,7 +21,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Callable, Mapping, Optional, Sequence
 
 from .analyze import GRANULARITIES, WEIGHTS, analyze_samples
@@ -267,8 +267,6 @@ class OutputOptions:
         (:func:`format_for_path`), or ``--format`` when that was given; checked, so a
         bad name, an unwritable place or a filter the format cannot honour fails
         before a long run rather than after it."""
-        from dataclasses import replace
-
         fmt = format_for_path(path, self.format if self.format_given else None)
         check_writable(os.fspath(path), option)
         opts = replace(self, format=fmt, render_to=os.fspath(path))
@@ -535,6 +533,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         epilog="Percentages may be written 1, 1% or 0.5. Exit status: 0 on success, 1 when "
                "a file cannot be used, 2 for a bad command line.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="snapshot files to sum")
+    parser.add_argument("-o", "--output", metavar="FILE", action="append", default=[],
+                        help="write to FILE in the format its name ends with (.pstats, .html, "
+                             ".json, .pb.gz, .collapsed, .dot, .txt, .stackshot, ...), as "
+                             "`stackshot -o` does; repeatable. Nothing is printed then unless "
+                             "--format is given")
     parser.add_argument("--tolerant", action="store_true",
                         help="skip (with a warning) files that cannot be read or are runs of "
                              "another program, instead of refusing them all")
@@ -554,8 +557,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
     try:
         opts = OutputOptions.from_namespace(args)
+        # -o FILE: what its name says (--format names what is printed, as for stackshot)
+        files = [replace(opts, format_given=False).for_file(path) for path in args.output]
         snapshots = load_and_sum(args.files, tolerant=args.tolerant, warn=warn)
-        write_output(snapshots, opts)
+        for file_opts in files:
+            write_output(snapshots, file_opts)
+        if not files or args.format is not None or getattr(args, "flat", False):
+            write_output(snapshots, opts)
     except CLIError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return e.status

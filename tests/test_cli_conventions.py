@@ -208,3 +208,18 @@ def test_the_header_says_which_threads_were_not_sampled(tmp_path):
     every = stackshot("--all-threads", script)
     assert every.returncode == 0, every.stderr
     assert "other thread" not in every.stderr
+
+
+def test_python_m_analyzer_o_follows_the_same_rule(tmp_path, busy):
+    saved = tmp_path / "run.stackshot"
+    assert stackshot("-o", saved, busy).returncode == 0
+    proc = analyzer("-o", tmp_path / "a.pstats", "-o", tmp_path / "a.folded", saved)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""  # -o alone prints nothing
+    assert "heavy" in _open_pstats(tmp_path / "a.pstats")
+    assert "heavy" in _open_collapsed(tmp_path / "a.folded")
+    refused = analyzer("-o", tmp_path / "a.bin", saved)
+    assert refused.returncode == 2 and ".pstats" in refused.stderr
+    both = analyzer("-o", tmp_path / "b.dot", "--format", "flat", saved)
+    assert both.returncode == 0 and both.stdout.startswith("Flat profile")
+    assert "digraph" in (tmp_path / "b.dot").read_text()
