@@ -39,9 +39,10 @@ import types
 from typing import IO, Any, Optional, Sequence
 
 from sampler.controller import create_sampler
-from sampler.snapshot import Snapshots
+from sampler.snapshot import Snapshots, merge
 from sampler.tracking import ALL_THREADS
 
+from .children import ChildProfiles
 from .toplevel import OtherThreads, _own_files, _runpy_files, _with_run_extra, trim_snapshots
 
 __all__ = ["main", "Program"]
@@ -353,6 +354,10 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="run the program N times, profiled as one (default: 1)")
     parser.add_argument("--all-threads", action="store_true",
                         help="sample every thread of the process, not only the main thread")
+    parser.add_argument("--subprocesses", action="store_true",
+                        help="profile the child processes the program forks (os.fork, "
+                             "multiprocessing's fork start method) too, merged into one profile "
+                             "with each child's threads named by pid")
     parser.add_argument("--use-errortrace", action="store_true",
                         help="sample an instrumented stack that also sees C functions")
     parser.add_argument("--engine", choices=("native", "python"), default=None,
@@ -437,12 +442,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
             raise
         _fail(f"--engine {args.engine}: {_one_line(e)}")
         return EXIT_USAGE
-    children = _Children()
+    def trim(snaps: Snapshots) -> Snapshots:
+        return trim_snapshots(snaps, (_run_program,), overhead=(main,), own_files=launcher)
+
+    forks = ChildProfiles(args.delay, trim) if args.subprocesses else None
+    children = _Children(count_forks=forks is None)
     others = OtherThreads(() if args.all_threads or args.use_errortrace else [track])
     parent = os.getpid()
     try:
         with children, (others if not args.all_threads and not args.use_errortrace
-                        else contextlib.nullcontext()):
+                        else contextlib.nullcontext()), (forks or contextlib.nullcontext()):
             outcome = _run(program, args.repeat)
     finally:
         if os.getpid() == parent:
@@ -450,20 +459,24 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
                 sampler.stop()
     if os.getpid() != parent:
         # A process the program forked, leaving the program's code: the profile is the
-        # parent's to write; this one has no sampler thread and must not overwrite it.
+        # parent's to write; this one has no sampler thread and must not overwrite it
+        # (with --subprocesses it leaves its own snapshots for the parent to merge).
         if outcome.error is not None:
             _print_program_error(outcome.error, launcher)
+        if forks is not None:
+            forks.save_child()
         return outcome.status
     if outcome.error is not None:
         _print_program_error(outcome.error, launcher)
     with _SigintDeferred():
-        snapshots = trim_snapshots(sampler.get_snapshots(), (_run_program,), overhead=(main,),
-                                   own_files=launcher)
+        snapshots = trim(sampler.get_snapshots())
         snapshots = _with_run_extra(snapshots, {
             "program": program.identity, "argv": list(program.argv),
             "exit_status": outcome.status, "interrupted": outcome.interrupted,
             **children.extra(), **others.extra(),
         })
+        if forks is not None:
+            snapshots = merge(snapshots, *forks.collect())
         status = _write(snapshots, files, shown, report)
         if outcome.interrupted:
             _fail("interrupted; the profile covers the program until then")
@@ -519,16 +532,18 @@ class _Children:
 
     EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
                         "os.posix_spawnp", "os.system"})
+    FORKS = frozenset({"os.fork", "os.forkpty"})
     _active: Optional["_Children"] = None
     _hooked = False
 
-    def __init__(self) -> None:
+    def __init__(self, count_forks: bool = True) -> None:
         self.count = 0
+        self.events = self.EVENTS if count_forks else self.EVENTS - self.FORKS
 
     @classmethod
     def _hook(cls, event: str, args: Any) -> None:
         active = cls._active
-        if active is not None and event in cls.EVENTS:
+        if active is not None and event in active.events and os.getpid() == active.pid:
             active.count += 1
 
     def __enter__(self) -> "_Children":
@@ -536,6 +551,7 @@ class _Children:
             sys.addaudithook(_Children._hook)
             _Children._hooked = True
         _Children._active = self
+        self.pid = os.getpid()  # a forked child's own children are not the parent's to count
         return self
 
     def __exit__(self, *exc: object) -> None:

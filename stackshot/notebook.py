@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from sampler.snapshot import Snapshots
 
-from .toplevel import _runpy_files, trim_snapshots
+from .toplevel import cell_entries, trim_snapshots
 
 SHOW = ("html", "text", "none")
 
@@ -56,19 +56,27 @@ def _output_options(path: str, given: Optional[str], clock: str) -> Any:
         raise UsageError(str(e).replace("--format", "-e")) from None
 
 
-def _shell_files(shell: Any) -> frozenset[str]:
-    """The files of IPython's cell runner, between a magic and the cell it runs
-    (``run_cell``, ``run_ast_nodes``, ``run_code``, the coroutine runner): cut from
-    the top of a magic's profile, so that it starts at the user's code."""
-    from IPython.core import async_helpers, interactiveshell
-
-    names = {interactiveshell.__file__, async_helpers.__file__}
+def _cell_runners(shell: Any) -> tuple:
+    """The shell's ``run_cell`` methods (IPython's and the kernel's override)."""
+    out = []
     for klass in type(shell).__mro__:
         run_cell = vars(klass).get("run_cell")
-        code = getattr(run_cell, "__code__", None)
-        if code is not None:
-            names.add(code.co_filename)
-    return frozenset(n for n in names if n)
+        if getattr(run_cell, "__code__", None) is not None:
+            out.append(run_cell)
+    return tuple(out)
+
+
+def trim_cell(snapshots: Snapshots, magic_code: Any, shell: Any) -> Snapshots:
+    """A magic's snapshots, starting at the user's code in the cell it ran.
+
+    Two cuts, since the cell that holds the magic runs in ``run_code`` too (above the
+    magic): first everything above the magic goes; then, below it, the shell's
+    ``run_cell`` is the profiler's overhead (transforming and compiling the cell: a
+    sample there is idle) until its ``run_code`` calls the user's code, where the
+    profile starts.
+    """
+    below_magic = trim_snapshots(snapshots, (magic_code,))
+    return trim_snapshots(below_magic, cell_entries(), overhead=_cell_runners(shell))
 
 
 def _magics_class() -> type:
@@ -114,8 +122,7 @@ def _magics_class() -> type:
                 ctl("stop")
                 if live is not None:
                     live.stop()
-            snaps = trim_snapshots(ctl("get-snapshots"), (magic_code,),
-                                   launch_files=_runpy_files() | _shell_files(shell))
+            snaps = trim_cell(ctl("get-snapshots"), magic_code, shell)
             if var:
                 shell.user_ns[var] = snaps
             if write_opts is not None:

@@ -358,18 +358,24 @@ class OtherThreads:
         return {"other_threads": self.counted} if self.counted else {}
 
 
-def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
-    """The snapshots with ``extra`` added to every run's metadata."""
-    runs = [dataclasses.replace(r, extra={**r.extra, **extra}) for r in snapshots.runs]
-    return Snapshots(
+def replace_snapshots(snapshots: Snapshots, **changes: Any) -> Snapshots:
+    """A copy of ``snapshots`` with some fields replaced (``runs=``, ``threads=`` ...)."""
+    fields = dict(
         frames=snapshots.frames, stack_frame=snapshots.stack_frame,
         stack_parent=snapshots.stack_parent, threads=snapshots.threads,
         sample_thread=snapshots.sample_thread, sample_stack=snapshots.sample_stack,
         sample_wall=snapshots.sample_wall, sample_cpu=snapshots.sample_cpu,
         sample_marks=snapshots.sample_marks, wall_overflow=snapshots.wall_overflow,
         cpu_overflow=snapshots.cpu_overflow, mark_sets=snapshots.mark_sets,
-        custom_keys=snapshots.custom_keys, runs=runs,
+        custom_keys=snapshots.custom_keys, runs=snapshots.runs,
     )
+    return Snapshots(**{**fields, **changes})
+
+
+def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
+    """The snapshots with ``extra`` added to every run's metadata."""
+    return replace_snapshots(snapshots, runs=[dataclasses.replace(r, extra={**r.extra, **extra})
+                                              for r in snapshots.runs])
 
 
 # ----------------------------------------------------------------------------------

@@ -223,3 +223,46 @@ def test_python_m_analyzer_o_follows_the_same_rule(tmp_path, busy):
     both = analyzer("-o", tmp_path / "b.dot", "--format", "flat", saved)
     assert both.returncode == 0 and both.stdout.startswith("Flat profile")
     assert "digraph" in (tmp_path / "b.dot").read_text()
+
+
+KIDS = SPIN + """
+import multiprocessing, os, sys
+
+def mp_child_work():
+    spin(0.1)
+
+def forked_work():
+    spin(0.1)
+
+if __name__ == "__main__":
+    p = multiprocessing.get_context("fork").Process(target=mp_child_work)
+    p.start()
+    p.join()
+    pid = os.fork()
+    if pid == 0:
+        forked_work()
+        sys.exit(0)  # this child leaves through the program, as the parent will
+    os.waitpid(pid, 0)
+    spin(0.05)
+    print("done")
+"""
+
+
+def test_subprocesses_profiles_forked_children_in_one_profile_with_a_view_per_process(tmp_path):
+    script = write(tmp_path / "kids.py", KIDS)
+    saved = tmp_path / "kids.stackshot"
+    proc = stackshot("--subprocesses", "-o", saved, "--format", "flat", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n" and proc.stderr.count("Flat profile") == 1
+    snaps = Snapshots.load(saved)
+    assert len({r.pid for r in snaps.runs}) == 3
+    names = [t.name for t in snaps.threads]
+    assert names[0] == "MainThread" and sum("(pid " in n for n in names) == 2
+    frames = {f.name for f in snaps.frames}
+    assert {"mp_child_work", "forked_work"} <= frames
+    assert "unprofiled" not in proc.stderr
+    alone = stackshot("-o", tmp_path / "alone.stackshot", "--format", "text", script)
+    assert alone.returncode == 0, alone.stderr
+    assert "2 child processes ran unprofiled" in alone.stderr
+    assert not {"mp_child_work", "forked_work"} & {
+        f.name for f in Snapshots.load(tmp_path / "alone.stackshot").frames}

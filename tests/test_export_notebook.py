@@ -306,3 +306,38 @@ def test_the_inline_flame_graph_fits_its_frame_and_names_never_wrap_letter_by_le
     for name, lines in got["names"]:
         if len(name) <= 30:
             assert lines < 2.5, (name, lines, got["w"])  # one line (two at most), not a column of letters
+
+
+def test_a_sample_while_the_shell_compiles_the_cell_is_idle_not_kernel_frames():
+    """What a loaded machine makes likely: the sampler ticks while IPython transforms
+    and compiles the cell, before the user's code runs.  Such a sample is the
+    profiler's overhead; the others start at the cell's ``<module>``."""
+    need_module("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.magic import Magics
+
+    from sampler.snapshot import Frame
+    from snapshot_builders import snapshots as build_snapshots
+    from stackshot.notebook import _magics_class, trim_cell
+
+    class Shell:  # what trim_cell asks of a shell: its class's run_cell methods
+        run_cell = InteractiveShell.run_cell
+
+    def frame_of(fn, name=None):
+        code = getattr(fn, "__code__", fn)
+        return Frame(name or code.co_name, code.co_filename, code.co_firstlineno, code.co_firstlineno)
+
+    magic = vars(_magics_class())["sample"]
+    kernel = [Frame("dispatch_shell", "/k/ipykernel/kernelbase.py", 1, 2),
+              frame_of(InteractiveShell.run_code), Frame("<module>", "/tmp/ipykernel_1/1.py", 1, 1),
+              Frame("run_cell_magic", "/k/IPython/core/interactiveshell.py", 1, 2), frame_of(magic),
+              frame_of(InteractiveShell.run_cell)]
+    compiling = kernel + [Frame("transform_cell", "/k/IPython/core/inputtransformer2.py", 1, 2)]
+    running = kernel + [frame_of(InteractiveShell.run_code), Frame("<module>", "/tmp/ipykernel_1/2.py", 1, 1),
+                        Frame("fib", "/tmp/ipykernel_1/0.py", 1, 2)]
+    rows = [("t", i / 100, i / 100, list(reversed(compiling if i == 1 else running))) for i in range(5)]
+    trimmed = trim_cell(build_snapshots(rows), magic.__code__, Shell())
+    stacks = [[f.name for f in trimmed.stack_frames(s)] for s in trimmed.sample_stack]
+    assert stacks[1] == []  # idle: the compilation is not the user's code
+    assert all(st == ["fib", "<module>"] for k, st in enumerate(stacks) if k != 1), stacks
+    assert issubclass(_magics_class(), Magics)
