@@ -266,3 +266,15 @@ def test_subprocesses_profiles_forked_children_in_one_profile_with_a_view_per_pr
     assert "2 child processes ran unprofiled" in alone.stderr
     assert not {"mp_child_work", "forked_work"} & {
         f.name for f in Snapshots.load(tmp_path / "alone.stackshot").frames}
+
+
+def test_engine_is_passed_only_when_given_and_a_refusal_is_one_line(tmp_path, busy):
+    plain = stackshot(busy)
+    assert plain.returncode == 0, plain.stderr  # no --engine: the sampler's own choice
+    proc = stackshot("--engine", "python", busy)
+    if proc.returncode == 0:  # a sampler that takes engine=
+        assert "Profiling results" in proc.stderr
+    else:  # one that does not (yet): told in one line, before the program runs
+        assert proc.returncode == 2 and proc.stdout == ""
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith("stackshot: --engine python: ")
