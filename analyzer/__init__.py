@@ -10,7 +10,7 @@ from .jsonform import ProfileFormatError, json_to_profile, profile_to_json
 from .markfilter import Marks
 from .merge import merge
 from .model import Edge, Node, Profile
-from .renderers import render_dot, render_flat, render_text
+from .renderers import render_dot, render_flat, render_text, render_tree
 from .topo import topological_layers
 from .weights import sample_weights
 
@@ -18,6 +18,6 @@ __all__ = [
     "analyze_samples", "analyze_by_mark", "sample_weights", "merge",
     "Profile", "Node", "Edge", "Marks",
     "profile_to_json", "json_to_profile", "ProfileFormatError",
-    "render_text", "render_dot", "render_flat", "topological_layers",
+    "render_text", "render_dot", "render_flat", "render_tree", "topological_layers",
     "WEIGHTS", "GRANULARITIES", "INTERVALS",
 ]

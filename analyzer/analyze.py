@@ -169,6 +169,9 @@ def _recognise(samples: Any) -> Any:
         from sampler.snapshot import Snapshots, merge
 
         return merge(*samples) if samples else Snapshots()
+    if callable(samples) and callable(getattr(samples, "get_snapshots", None)):
+        raise TypeError("analyze_samples() takes the snapshots, not the sampler's controller: "
+                        "call ctl('get-snapshots') and analyse what it returns")
     raise TypeError(
         "analyze_samples() takes a Snapshots value, a list of them, or Racket's raw shape "
         f"(cpu_time, [(thread_id, thread_time, frame, ...), ...]); got {type(samples).__name__}")
@@ -216,9 +219,11 @@ def _snapshot_profile(snap: Any, group: Any, weight: str, granularity: str,
         thread_times = dict(sorted(group.thread_times.items()))
         sample_number = group.sample_number
     names = {t.id: t.name for t in snap.threads if t.id in thread_times}
-    return _profile(rows, infos, scale=scale, thread_times=thread_times,
-                    sample_number=sample_number, cpu_time=snap.cpu_time, thread_names=names,
-                    weight=weight, granularity=granularity, interval=interval, unit="s")
+    profile = _profile(rows, infos, scale=scale, thread_times=thread_times,
+                       sample_number=sample_number, cpu_time=snap.cpu_time, thread_names=names,
+                       weight=weight, granularity=granularity, interval=interval, unit="s")
+    profile.runs = tuple(snap.runs)
+    return profile
 
 
 def _analyze_raw(value: tuple, *, weight: str, granularity: str, interval: str,

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, Callable, Mapping, Optional, Sequence
 
 from sampler.outputfile import write_atomically
@@ -36,7 +36,8 @@ from .renderers.flat import render_flat
 __all__ = [
     "main", "CLIError", "OutputOptions", "add_output_arguments", "output_formats",
     "write_output", "render_output", "select_nodes", "load_and_sum", "check_writable",
-    "PROFILE_FORMATS", "whole_number_argument",
+    "PROFILE_FORMATS", "whole_number_argument", "format_for_path", "write_file", "FILE_ENDINGS",
+    "REPORT_FORMATS", "SNAPSHOT_FORMAT",
 ]
 
 PROFILE_FORMATS = {
@@ -44,8 +45,29 @@ PROFILE_FORMATS = {
     "flat": "MLton-style flat table: function, self, total, by self time",
     "dot": "Graphviz source of the call graph: dot -Tsvg",
     "json": "the analysed profile as JSON (Racket's profile->json layout)",
+    "tree": "the call tree, path by path, like pyinstrument's console output",
 }
 """Formats rendered from the analysed profile; exports render the snapshots."""
+
+SNAPSHOT_FORMAT = "stackshot"
+"""The snapshots themselves, in the safe file format ``python -m analyzer`` reads."""
+
+REPORT_FORMATS = ("text", "flat", "tree")
+"""Formats written for a person to read: the only ones ``stackshot`` prints (on
+standard error); every other format is a file for a program and needs ``-o``."""
+
+FILE_ENDINGS: tuple[tuple[str, str], ...] = (
+    (".stackshot", SNAPSHOT_FORMAT),
+    (".pstats", "pstats"), (".prof", "pstats"),
+    (".html", "html"), (".htm", "html"),
+    (".speedscope.json", "speedscope"), (".json", "speedscope"),
+    (".pb.gz", "pprof"), (".pprof", "pprof"),
+    (".collapsed.txt", "collapsed"), (".collapsed", "collapsed"), (".folded", "collapsed"),
+    (".dot", "dot"),
+    (".txt", "text"),
+)
+"""File name endings and the format each names, as cProfile, py-spy and pyinstrument
+read ``-o``: the one rule of every front end (:func:`format_for_path`)."""
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
@@ -73,11 +95,34 @@ def _export_formats() -> dict[str, Any]:
 
 def output_formats() -> dict[str, str]:
     """Every ``--format`` name with a one-line description: the profile renderers,
-    then each format of the :mod:`analyzer.exports` registry."""
+    then each format of the :mod:`analyzer.exports` registry, then the snapshot file."""
     out = dict(PROFILE_FORMATS)
     for name, fmt in sorted(_export_formats().items()):
         out.setdefault(name, fmt.description)
+    out[SNAPSHOT_FORMAT] = "the snapshots themselves, to analyse later: python -m analyzer FILE"
     return out
+
+
+def format_for_path(path: Any, given: Optional[str] = None) -> str:
+    """The format to write to ``path``: ``given`` when there is one, else the one its
+    name ends with (:data:`FILE_ENDINGS`, longest ending first, any case).
+
+    The one rule behind ``stackshot -o``, ``python -m analyzer -o`` and the
+    notebook's ``%sample -o``, so a file never holds something else than its name
+    says.  An unknown ending is a :class:`CLIError` listing the known ones.
+    """
+    if given is not None:
+        if given not in output_formats():
+            raise CLIError(f"unknown format {given!r}; known formats: "
+                           f"{', '.join(output_formats())}", EXIT_USAGE)
+        return given
+    name = os.path.basename(os.fspath(path)).lower()
+    for ending, fmt in sorted(FILE_ENDINGS, key=lambda ef: -len(ef[0])):
+        if name.endswith(ending) and len(name) > len(ending):
+            return fmt
+    known = ", ".join(f"{ending} ({fmt})" for ending, fmt in FILE_ENDINGS)
+    raise CLIError(f"cannot tell what to write to {os.fspath(path)!r} from its name; "
+                   f"name it with one of: {known}", EXIT_USAGE)
 
 
 # ----------------------------------------------------------------------------------
@@ -126,18 +171,22 @@ def _truncate(text: str) -> Optional[int]:
                                  least_note=" (or 0 for no limit)")
 
 
-def add_output_arguments(parser: argparse.ArgumentParser, *, selection: bool = True) -> None:
-    """Add the options that choose and shape the output.
+def add_output_arguments(parser: argparse.ArgumentParser, *, selection: bool = True,
+                         render_to: bool = True,
+                         format_help: Optional[str] = None) -> None:
+    """Add the options that choose and shape the output (both command lines share them).
 
     ``selection`` adds the function filters (``--thresh``, ``--keep``, ``--drop``) and
-    ``--show-line``, which ``python -m analyzer`` offers over saved files.
+    ``--show-line``.  ``render_to`` adds ``--render-to FILE``.  ``format_help``
+    replaces ``--format``'s description.
     """
     formats = output_formats()
     g = parser.add_argument_group("output")
     g.add_argument("--format", choices=list(formats), default=None, metavar="FORMAT",
-                   help="what to print: " + ", ".join(formats) + " (default: text)")
-    g.add_argument("--render-to", metavar="FILE", default=None,
-                   help="write the rendered output to FILE instead of standard output")
+                   help=format_help or ("what to print: " + ", ".join(formats) + " (default: text)"))
+    if render_to:
+        g.add_argument("--render-to", metavar="FILE", default=None,
+                       help="write the rendered output to FILE instead of standard output")
     g.add_argument("--order", choices=ORDERS, default="topological",
                    help="order of the text profile's entries (default: topological)")
     g.add_argument("--hide-self", type=_percent, default=0.01, metavar="PCT",
@@ -185,6 +234,7 @@ class OutputOptions:
     thresh: float = 0.0
     keep: list = field(default_factory=list)
     drop: list = field(default_factory=list)
+    format_given: bool = False  # --format was on the command line (it then beats a file's name)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "OutputOptions":
@@ -195,25 +245,42 @@ class OutputOptions:
                 raise CLIError(f"--flat and --format {fmt} ask for two different outputs",
                                EXIT_USAGE)
             fmt = "flat"
-        opts = cls(format=fmt or "text", render_to=ns.render_to, order=ns.order,
+        opts = cls(format=fmt or "text", render_to=getattr(ns, "render_to", None), order=ns.order,
                    hide_self=ns.hide_self, hide_subs=ns.hide_subs,
                    truncate_source=ns.truncate_source, weight=ns.weight,
                    granularity=ns.granularity, show_line=getattr(ns, "show_line", False),
                    thresh=getattr(ns, "thresh", 0.0), keep=list(getattr(ns, "keep", [])),
-                   drop=list(getattr(ns, "drop", [])))
+                   drop=list(getattr(ns, "drop", [])), format_given=fmt is not None)
         opts.check()
         return opts
 
     @property
     def is_export(self) -> bool:
-        return self.format not in PROFILE_FORMATS
+        """Whether the format is rendered from the snapshots (an export registry format)."""
+        return self.format in _export_formats()
+
+    @property
+    def is_binary(self) -> bool:
+        return self.format == SNAPSHOT_FORMAT or (
+            self.is_export and _export_formats()[self.format].binary)
+
+    def for_file(self, path: Any, option: str = "-o") -> "OutputOptions":
+        """These options for writing ``path``: its format from its name
+        (:func:`format_for_path`), or ``--format`` when that was given; checked, so a
+        bad name, an unwritable place or a filter the format cannot honour fails
+        before a long run rather than after it."""
+        fmt = format_for_path(path, self.format if self.format_given else None)
+        check_writable(os.fspath(path), option)
+        opts = replace(self, format=fmt, render_to=os.fspath(path))
+        opts.check()
+        return opts
 
     def check(self) -> None:
         """Refuse combinations that would silently do something else than asked."""
         if self.format not in output_formats():
             raise CLIError(f"unknown format {self.format!r}; known formats: "
                            f"{', '.join(output_formats())}", EXIT_USAGE)
-        if self.is_export:
+        if self.format not in PROFILE_FORMATS or self.format == "tree":
             used = [name for name, on in (("--thresh", self.thresh), ("--keep", self.keep),
                                           ("--drop", self.drop),
                                           ("--granularity line", self.granularity != "function"))
@@ -223,10 +290,11 @@ class OutputOptions:
                 raise CLIError(f"{', '.join(used)} {verb} the analysed profile "
                                f"(text, flat, dot, json), not the {self.format} export",
                                EXIT_USAGE)
+        if self.is_export:
             _clock_keyword(_export_formats()[self.format].render, self.weight)
         if self.render_to is not None:
             check_writable(self.render_to, "--render-to")
-        elif self.is_export and _export_formats()[self.format].binary and _is_tty(sys.stdout):
+        elif self.is_binary and _is_tty(sys.stdout):
             raise CLIError(f"--format {self.format} writes binary data: redirect standard "
                            f"output to a file or use --render-to FILE", EXIT_USAGE)
 
@@ -276,10 +344,12 @@ def select_nodes(profile: Profile, keep: Callable[[Node], bool]) -> Profile:
         new.callers = [edges[id(e)] for e in old.callers if id(e) in edges]
         new.callees = [edges[id(e)] for e in old.callees if id(e) in edges]
     nodes = [copies[n] for n in profile.nodes if n in copies]
-    return Profile(profile.total_time, profile.cpu_time, profile.sample_number,
-                   dict(profile.thread_times), nodes, root, thread_names=dict(profile.thread_names),
-                   weight=profile.weight, granularity=profile.granularity,
-                   interval=profile.interval, unit=profile.unit)
+    out = Profile(profile.total_time, profile.cpu_time, profile.sample_number,
+                  dict(profile.thread_times), nodes, root, thread_names=dict(profile.thread_names),
+                  weight=profile.weight, granularity=profile.granularity,
+                  interval=profile.interval, unit=profile.unit)
+    out.runs = profile.runs
+    return out
 
 
 def _selection(opts: OutputOptions, total: float) -> Optional[Callable[[Node], bool]]:
@@ -302,10 +372,20 @@ def _selection(opts: OutputOptions, total: float) -> Optional[Callable[[Node], b
 # ----------------------------------------------------------------------------------
 def render_output(snapshots: Any, opts: OutputOptions) -> Any:
     """The output for ``snapshots`` as ``str`` (or ``bytes``, for binary exports)."""
+    if opts.format == SNAPSHOT_FORMAT:
+        import io
+
+        buffer = io.BytesIO()
+        snapshots.save(buffer)
+        return buffer.getvalue()
     if opts.is_export:
         fmt = _export_formats()[opts.format]
         kwargs = _clock_keyword(fmt.render, opts.weight)
         return fmt.render(snapshots, **kwargs)
+    if opts.format == "tree":  # paths need the stacks: drawn from the snapshots
+        from .renderers.tree import render_tree
+
+        return render_tree(snapshots, clock=opts.weight, hide=opts.hide_self)
     profile = analyze_samples(snapshots, weight=opts.weight, granularity=opts.granularity)
     keep = _selection(opts, profile.total_time)
     if keep is not None:
@@ -338,6 +418,14 @@ def _clock_keyword(fn: Callable[..., Any], weight: str) -> dict[str, str]:
         raise CLIError(f"--weight {weight}: this export format has no clock option",
                        EXIT_USAGE)
     return {}
+
+
+def write_file(snapshots: Any, opts: OutputOptions, path: Any) -> str:
+    """Write ``snapshots`` to ``path`` in the format its name says, shaped by ``opts``
+    (see :meth:`OutputOptions.for_file`); returns the format written."""
+    file_opts = opts.for_file(path)
+    write_output(snapshots, file_opts)
+    return file_opts.format
 
 
 def write_output(snapshots: Any, opts: OutputOptions, stdout: Optional[IO[str]] = None) -> None:
@@ -463,6 +551,11 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
         epilog="Percentages may be written 1, 1% or 0.5. Exit status: 0 on success, 1 when "
                "a file cannot be used, 2 for a bad command line.")
     parser.add_argument("files", nargs="+", metavar="FILE", help="snapshot files to sum")
+    parser.add_argument("-o", "--output", metavar="FILE", action="append", default=[],
+                        help="write to FILE in the format its name ends with (.pstats, .html, "
+                             ".json, .pb.gz, .collapsed, .dot, .txt, .stackshot, ...), as "
+                             "`stackshot -o` does; repeatable. Nothing is printed then unless "
+                             "--format is given")
     parser.add_argument("--tolerant", action="store_true",
                         help="skip (with a warning) files that cannot be read or are runs of "
                              "another program, instead of refusing them all")
@@ -482,8 +575,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
     try:
         opts = OutputOptions.from_namespace(args)
+        # -o FILE: what its name says (--format names what is printed, as for stackshot)
+        files = [replace(opts, format_given=False).for_file(path) for path in args.output]
         snapshots = load_and_sum(args.files, tolerant=args.tolerant, warn=warn)
-        write_output(snapshots, opts)
+        for file_opts in files:
+            write_output(snapshots, file_opts)
+        if not files or args.format is not None or getattr(args, "flat", False):
+            write_output(snapshots, opts)
     except CLIError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return e.status

@@ -128,7 +128,7 @@ class Profile:
     """
 
     __slots__ = ("total_time", "cpu_time", "sample_number", "thread_times", "nodes", "root",
-                 "thread_names", "weight", "granularity", "interval", "unit", "source")
+                 "thread_names", "weight", "granularity", "interval", "unit", "source", "runs")
 
     def __init__(
         self,
@@ -159,6 +159,9 @@ class Profile:
         # The Snapshots analysed, when the profile covers all of them: the flame graph
         # and the exports need the stacks themselves, which the graph has lost.
         self.source: Any = None
+        # The sampler runs behind the profile (sampler.snapshot.RunInfo), when it was
+        # analysed from snapshots: the report's header says how they sampled.
+        self.runs: tuple = ()
 
     def _repr_html_(self) -> str:
         from .exports.notebook import profile_html

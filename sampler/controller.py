@@ -116,7 +116,10 @@ class Sampler:
 
     # -- the Racket face ---------------------------------------------------------
     def __call__(self, message: str, arg: Any = _MISSING) -> Any:
-        if not isinstance(message, str) or message not in MESSAGES:
+        if not isinstance(message, str):  # a wrong kind of value, not a wrong message
+            raise TypeError(f"a sampler message is a string, one of {', '.join(MESSAGES)}; "
+                            f"not {type(message).__name__} {message!r:.60}")
+        if message not in MESSAGES:
             raise ValueError(f"unknown sampler message {message!r}; valid messages: {', '.join(MESSAGES)}")
         if message in _TAKES_ARGUMENT:
             if arg is _MISSING:

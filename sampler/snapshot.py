@@ -360,17 +360,6 @@ class Snapshots:
         return (f"<Snapshots v{FORMAT_VERSION}: {len(self)} samples, {len(self.threads)} threads, "
                 f"{len(self.stack_frame) - 1} stacks, {len(self.frames)} frames, {len(self.runs)} run(s)>")
 
-    # -- notebooks ---------------------------------------------------------------
-    def _repr_html_(self) -> str:
-        from analyzer.exports.notebook import snapshots_html
-
-        return snapshots_html(self)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        from analyzer.exports.notebook import snapshots_pretty
-
-        snapshots_pretty(self, p, cycle)
-
     # -- files -----------------------------------------------------------------
     def save(self, path: Any) -> None:
         """Write to ``path`` in the safe binary format of :mod:`sampler.snapshot_file`."""

@@ -103,3 +103,19 @@ def test_bad_threads_and_marks_types():
         analyze_samples(one_thread(), marks=42)
     with pytest.raises(TypeError, match="render_text\\(\\) takes a Profile"):
         render_text(one_thread())
+
+
+def test_a_controller_is_not_snapshots_and_the_message_says_what_to_call():
+    import threading
+
+    import pytest
+
+    from analyzer import analyze_samples
+    from sampler import create_sampler
+
+    ctl = create_sampler(threading.current_thread(), 0.01)
+    try:
+        with pytest.raises(TypeError, match=r"call ctl\('get-snapshots'\)"):
+            analyze_samples(ctl)
+    finally:
+        ctl("stop")

@@ -98,12 +98,13 @@ def test_order_self_and_total():
             assert index[idx] == name
 
 
-def test_truncate_source_keeps_the_end():
+def test_truncate_source_keeps_the_end_and_never_cuts_a_word():
     f = Frame("f", "/very/long/" + "x" * 80 + "/module.py", 7, 8)
     p = analyze_samples(snapshots([("t", 0.0, 0.0, [f]), ("t", 0.1, 0.1, [f])]))
     row = parse(render_text(p))[0][1][5]
     src = row.split(" ", 1)[1]
-    assert len(src) == 50 and src.startswith("...") and src.endswith("/module.py:7")
+    # whole leading directories go, never part of one
+    assert src == ".../module.py:7"
     full = parse(render_text(p, truncate_source=None))[0][1][5]
     assert full.endswith("x" * 80 + "/module.py:7")
 

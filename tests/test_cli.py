@@ -1,4 +1,5 @@
-"""``python -m sampler`` and ``python -m analyzer``, run for real in subprocesses.
+"""``stackshot`` (as ``python -m sampler``) and ``python -m analyzer``, run for real in
+subprocesses.
 
 Every program profiled here is a real script written to ``tmp_path``; saved files
 are read back by the real ``python -m analyzer``.  Assertions are about what the
@@ -45,6 +46,13 @@ def stackshot(*args, cwd=None, **kw):
 
 def analyzer(*args, cwd=None, **kw):
     return run("analyzer", *args, cwd=cwd, **kw)
+
+
+def _saved_by(command, path, script):
+    """Run ``script`` under ``command`` with ``-o path``; the path, once written."""
+    proc = command("-o", path, script)
+    assert proc.returncode == 0, proc.stderr
+    return path
 
 
 def write(path, text: str):
@@ -98,13 +106,14 @@ sys.exit(int(sys.argv[1]))
     proc = stackshot("--hide-self", "0", script, "7", "--delay", "x", cwd=tmp_path)
     assert proc.returncode == 7, proc.stderr
     first, rest = proc.stdout.split("\n", 1)
+    assert rest == ""  # the program's output alone: the report goes to stderr
+    rest = proc.stderr
     seen = json.loads(first)
     assert seen == {"argv": [str(script), "7", "--delay", "x"], "name": "__main__",
                     "path0": str(sub), "file": str(script), "helper": "found beside the script"}
     assert rest.startswith("Profiling results")
     assert "spin" in rest and "<module>" in rest
-    assert "sampler/cli.py" not in rest and "runpy" not in rest
-    assert proc.stderr == ""
+    assert "stackshot/cli.py" not in rest and "runpy" not in rest
 
 
 def test_double_dash_ends_stackshots_options(tmp_path):
@@ -125,8 +134,8 @@ print(__name__, sys.argv[0].endswith("tool.py"), sys.argv[1:])
 """)
     proc = stackshot("--format", "flat", "-m", "pkg.tool", "-x", "--y", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("__main__ True ['-x', '--y']\n")
-    assert "spin" in proc.stdout
+    assert proc.stdout == "__main__ True ['-x', '--y']\n"
+    assert "spin" in proc.stderr
 
 
 def test_a_package_runs_its_main_module(tmp_path):
@@ -145,7 +154,7 @@ def test_code_from_the_command_line(tmp_path):
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("['-c', 'a', 'b'] __main__\n")
-    assert "spin" in proc.stdout
+    assert "spin" in proc.stderr
 
 
 def test_a_script_that_exits_non_zero_still_writes_its_profile(tmp_path):
@@ -154,10 +163,10 @@ import sys
 spin(0.05)
 sys.exit(3)
 """)
-    proc = stackshot("-o", tmp_path / "run.snap", "--format", "flat", script)
+    proc = stackshot("-o", tmp_path / "run.stackshot", "--format", "flat", script)
     assert proc.returncode == 3
-    assert "spin" in proc.stdout
-    saved = Snapshots.load(tmp_path / "run.snap")
+    assert "spin" in proc.stderr
+    saved = Snapshots.load(tmp_path / "run.stackshot")
     assert {f.name for f in saved.frames} >= {"spin", "<module>"}
     assert saved.runs[0].extra["exit_status"] == 3
     assert saved.runs[0].extra["program"] == "script fails.py"
@@ -167,7 +176,7 @@ def test_sys_exit_with_a_message_prints_it_and_exits_1(tmp_path):
     script = write(tmp_path / "msg.py", "import sys\nsys.exit('giving up')\n")
     proc = stackshot(script)
     assert proc.returncode == 1
-    assert proc.stderr == "giving up\n"
+    assert proc.stderr.startswith("giving up\nProfiling results\n")
 
 
 def test_a_script_that_raises_shows_its_own_traceback_and_its_profile(tmp_path):
@@ -179,17 +188,17 @@ def outer():
     inner()
 outer()
 """)
-    proc = stackshot("-o", tmp_path / "r.snap", "--format", "text", script)
+    proc = stackshot("-o", tmp_path / "r.stackshot", "--format", "text", script)
     assert proc.returncode == 1
-    err = proc.stderr
+    err, report = proc.stderr.split("Profiling results", 1)
     assert err.startswith("Traceback (most recent call last):\n")
     for where in ("in <module>", "in outer", "in inner"):
         assert f'File "{script}", line ' in err and where in err
     assert err.rstrip().endswith("ValueError: bad input 42")
-    for ours in ("sampler", "runpy", "analyzer"):
+    for ours in ("sampler", "runpy", "analyzer", "stackshot"):
         assert ours not in err, err
-    assert proc.stdout.startswith("Profiling results") and "spin" in proc.stdout
-    assert "outer" in {f.name for f in Snapshots.load(tmp_path / "r.snap").frames}
+    assert proc.stdout == "" and "spin" in report
+    assert "outer" in {f.name for f in Snapshots.load(tmp_path / "r.stackshot").frames}
 
 
 def test_a_syntax_error_is_reported_like_python_does(tmp_path):
@@ -227,10 +236,10 @@ print("done")
 """)
     every = stackshot("--all-threads", "--format", "flat", script)
     assert every.returncode == 0, every.stderr
-    assert "worker" in every.stdout and "boss" in every.stdout
+    assert "worker" in every.stderr and "boss" in every.stderr
     main_only = stackshot("--format", "flat", script)
     assert main_only.returncode == 0, main_only.stderr
-    assert "boss" in main_only.stdout and "worker" not in main_only.stdout
+    assert "boss" in main_only.stderr and "worker" not in main_only.stderr
 
 
 def test_the_program_s_non_daemon_threads_are_waited_for_and_profiled(tmp_path):
@@ -247,9 +256,8 @@ said.set()
 """)
     proc = stackshot("--all-threads", "--format", "flat", script)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.index("main returns") < proc.stdout.index("background finished") \
-        < proc.stdout.index("Flat profile")
-    assert "background" in proc.stdout
+    assert proc.stdout == "main returns\nbackground finished\n"
+    assert proc.stderr.startswith("Flat profile") and "background" in proc.stderr
 
 
 def test_ctrl_c_stops_the_program_and_still_writes_the_profile(tmp_path):
@@ -262,7 +270,7 @@ def serve_forever():
         spin(0.001)
 serve_forever()
 """)
-    saved = tmp_path / "interrupted.snap"
+    saved = tmp_path / "interrupted.stackshot"
     proc = subprocess.Popen([sys.executable, "-m", "sampler", "-o", str(saved), "--format",
                              "flat", str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env())
@@ -274,7 +282,7 @@ serve_forever()
         proc.kill()
     assert proc.returncode == 130
     assert "KeyboardInterrupt" in err and "interrupted; the profile covers" in err
-    assert "serve_forever" in out and "spin" in out
+    assert "serve_forever" in err and "spin" in err and out == ""  # "serving" was read above
     snaps = Snapshots.load(saved)
     assert snaps.runs[0].extra["interrupted"] is True
     assert "serve_forever" in {f.name for f in snaps.frames}
@@ -296,27 +304,27 @@ sys.exit(0)
 # -- output ----------------------------------------------------------------------------
 
 def test_exports_from_the_registry_are_formats(tmp_path, busy):
-    collapsed = stackshot("--format", "collapsed", busy)
+    collapsed = stackshot("-o", tmp_path / "busy.folded", busy)
     assert collapsed.returncode == 0, collapsed.stderr
-    lines = collapsed.stdout.splitlines()
-    assert lines[0] == "busy ran []"
-    stacks = [line.rsplit(" ", 1)[0] for line in lines[1:]]
+    assert collapsed.stdout == "busy ran []\n" and collapsed.stderr == ""
+    lines = (tmp_path / "busy.folded").read_text().splitlines()
+    stacks = [line.rsplit(" ", 1)[0] for line in lines]
     assert any(st.startswith("<module>") and ";heavy " in st and ";spin " in st for st in stacks)
 
     out = tmp_path / "busy.pstats"
-    proc = stackshot("--format", "pstats", "--render-to", out, busy)
+    proc = stackshot("-o", out, busy)
     assert proc.returncode == 0, proc.stderr
     stats = pstats.Stats(str(out))
     assert any(func[2] == "heavy" for func in stats.stats)
 
 
 def test_json_and_dot(tmp_path, busy):
-    proc = stackshot("--format", "json", busy)
+    proc = stackshot("-o", tmp_path / "p.txt", "-o", tmp_path / "p.dot", busy)
     assert proc.returncode == 0, proc.stderr
-    doc = json.loads(proc.stdout.split("\n", 1)[1])
-    assert "heavy" in {n["id"] for n in doc["nodes"]}
-    dot = stackshot("--format", "dot", busy)
-    assert dot.returncode == 0 and "digraph" in dot.stdout and "heavy" in dot.stdout
+    assert proc.stdout == "busy ran []\n"
+    assert (tmp_path / "p.txt").read_text().startswith("Profiling results")
+    dot = (tmp_path / "p.dot").read_text()
+    assert "digraph" in dot and "heavy" in dot
 
 
 def test_wall_weight_shows_waiting_and_line_granularity_splits_lines(tmp_path):
@@ -327,12 +335,17 @@ def nap():
 nap()
 spin(0.03)
 """)
-    wall = stackshot("--weight", "wall", "--format", "json", script)
+    wall = stackshot("--weight", "wall", "-o", tmp_path / "wall.json", "--format", "json", script)
+    assert wall.returncode != 0 and "is a file for another program" in wall.stderr
+    wall = stackshot("--weight", "wall", "-o", tmp_path / "wall.json", script)
     assert wall.returncode == 0, wall.stderr
+    assert json.loads((tmp_path / "wall.json").read_text())["profiles"]  # speedscope
+    wall = analyzer("--weight", "wall", "--format", "json",
+                    _saved_by(stackshot, tmp_path / "wall.stackshot", script))
     doc = json.loads(wall.stdout)
     assert doc["stackshot"]["weight"] == "wall"
     assert next(n for n in doc["nodes"] if n["id"] == "nap")["total"] > 0
-    lines = stackshot("--granularity", "line", "--format", "json", script)
+    lines = analyzer("--granularity", "line", "--format", "json", tmp_path / "wall.stackshot")
     assert lines.returncode == 0, lines.stderr
     doc = json.loads(lines.stdout)
     assert doc["stackshot"]["granularity"] == "line"
@@ -340,21 +353,14 @@ spin(0.03)
     assert spin_lines and all(src.startswith(str(script) + ":") for src in spin_lines)
 
 
-def test_binary_output_is_refused_on_a_terminal_before_the_program_runs(tmp_path):
-    import pty
-
+@pytest.mark.parametrize("fmt, ending", [("pprof", ".pb.gz"), ("dot", ".dot"), ("json", "")])
+def test_a_machine_format_is_refused_as_a_report_before_the_program_runs(tmp_path, fmt, ending):
     marker = tmp_path / "ran"
     script = write(tmp_path / "p.py", f"open({str(marker)!r}, 'w').close()\n")
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sampler", "--format", "pprof", str(script)],
-                              stdout=slave, stderr=subprocess.PIPE, text=True, env=env(),
-                              timeout=TIMEOUT)
-    finally:
-        os.close(slave)
-        os.close(master)
+    proc = stackshot("--format", fmt, script)
     assert proc.returncode == 2
-    assert_one_line_error(proc, "--format pprof writes binary data", "--render-to")
+    assert_one_line_error(proc, f"--format {fmt} is a file for another program", "-o FILE",
+                          f"-o profile{ending})")
     assert not marker.exists()
 
 
@@ -411,7 +417,7 @@ def test_bad_command_lines_exit_2(tmp_path, args, text):
 def test_an_unwritable_output_is_refused_before_the_program_runs(tmp_path):
     marker = tmp_path / "ran"
     script = write(tmp_path / "p.py", f"open({str(marker)!r}, 'w').close()\n")
-    proc = stackshot("-o", tmp_path / "no" / "such" / "dir.snap", script)
+    proc = stackshot("-o", tmp_path / "no" / "such" / "dir.stackshot", script)
     assert proc.returncode == 2
     assert_one_line_error(proc, "-o", "no such directory")
     assert not marker.exists()
@@ -420,17 +426,17 @@ def test_an_unwritable_output_is_refused_before_the_program_runs(tmp_path):
 def test_use_errortrace_either_works_or_says_why_in_one_line(tmp_path, busy):
     proc = stackshot("--use-errortrace", "--format", "flat", busy)
     if proc.returncode == 0:
-        assert "heavy" in proc.stdout
+        assert "heavy" in proc.stderr
     else:
         assert proc.returncode == 2
         assert_one_line_error(proc, "--use-errortrace")
 
 
 def test_the_console_script_entry_point(tmp_path, busy):
-    # what pip generates for `stackshot = sampler.cli:main`
+    # what pip generates for `stackshot = stackshot.cli:main`
     wrapper = write(tmp_path / "stackshot", """
 import re, sys
-from sampler.cli import main
+from stackshot.cli import main
 if __name__ == "__main__":
     sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
     sys.exit(main())
@@ -438,7 +444,8 @@ if __name__ == "__main__":
     proc = subprocess.run([sys.executable, str(wrapper), "--format", "flat", str(busy)],
                           capture_output=True, text=True, env=env(), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
-    assert "heavy" in proc.stdout and "stackshot" not in proc.stdout.split("Flat", 1)[1]
+    assert proc.stdout == "busy ran []\n"
+    assert "heavy" in proc.stderr and "stackshot" not in proc.stderr.split("Flat", 1)[1]
     usage = subprocess.run([sys.executable, str(wrapper), "--help"], capture_output=True,
                            text=True, env=env(), timeout=TIMEOUT)
     assert usage.stdout.startswith("usage: stackshot [options]")
@@ -452,15 +459,15 @@ def saved_runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("saved")
     busy = write(tmp_path / "busy.py", BUSY)
     paths = []
-    for name in ("a.snap", "b.snap"):
+    for name in ("a.stackshot", "b.stackshot"):
         proc = stackshot("-o", tmp_path / name, busy)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == "busy ran []\n"  # -o alone prints nothing more
         paths.append(tmp_path / name)
     other = write(tmp_path / "other.py", SPIN + "spin(0.05)\n")
-    proc = stackshot("-o", tmp_path / "other.snap", other)
+    proc = stackshot("-o", tmp_path / "other.stackshot", other)
     assert proc.returncode == 0, proc.stderr
-    return paths + [tmp_path / "other.snap"]
+    return paths + [tmp_path / "other.stackshot"]
 
 
 def samples_in(*paths) -> int:
@@ -496,23 +503,23 @@ def test_runs_of_different_programs_are_refused(saved_runs):
     a, _, other = saved_runs
     proc = analyzer(a, other)
     assert proc.returncode == 1
-    assert_one_line_error(proc, "other.snap", "script other.py", "script busy.py", "--tolerant")
+    assert_one_line_error(proc, "other.stackshot", "script other.py", "script busy.py", "--tolerant")
 
 
 def test_tolerant_warns_and_skips(saved_runs, tmp_path):
     a, _, other = saved_runs
-    junk = tmp_path / "junk.snap"
+    junk = tmp_path / "junk.stackshot"
     junk.write_text("not a profile\n")
     proc = analyzer("--tolerant", "--format", "json", a, other, junk)
     assert proc.returncode == 0, proc.stderr
     warnings = proc.stderr.splitlines()
     assert len(warnings) == 2 and all(w.startswith("analyzer: warning: skipping") for w in warnings)
-    assert "other.snap" in warnings[0] and "junk.snap" in warnings[1]
+    assert "other.stackshot" in warnings[0] and "junk.stackshot" in warnings[1]
     assert json.loads(proc.stdout)["sample_number"] == samples_in(a)
 
 
 def test_tolerant_with_nothing_left_is_an_error(tmp_path):
-    junk = tmp_path / "junk.snap"
+    junk = tmp_path / "junk.stackshot"
     junk.write_bytes(b"\x00" * 10)
     proc = analyzer("--tolerant", junk)
     assert proc.returncode == 1
@@ -530,9 +537,9 @@ def _saved(tmp_path, name: str, python: str = "cpython 3.11.7", program: str = "
 
 
 def test_runs_on_different_python_versions_are_refused(tmp_path):
-    a = _saved(tmp_path, "a.snap", python="cpython 3.11.7")
-    b = _saved(tmp_path, "b.snap", python="cpython 3.11.2")
-    c = _saved(tmp_path, "c.snap", python="cpython 3.12.1")
+    a = _saved(tmp_path, "a.stackshot", python="cpython 3.11.7")
+    b = _saved(tmp_path, "b.stackshot", python="cpython 3.11.2")
+    c = _saved(tmp_path, "c.stackshot", python="cpython 3.12.1")
     assert analyzer(a, b).returncode == 0
     proc = analyzer(a, c)
     assert proc.returncode == 1
@@ -545,26 +552,26 @@ def test_runs_on_different_python_versions_are_refused(tmp_path):
     (gzip.compress(MAGIC + b"version 99\nheader 2\n{}"), "written by format version 99"),
 ])
 def test_files_that_are_not_ours_or_too_new_are_one_line_errors(tmp_path, content, text):
-    bad = tmp_path / "bad.snap"
+    bad = tmp_path / "bad.stackshot"
     bad.write_bytes(content)
     proc = analyzer(bad)
     assert proc.returncode == 1
-    assert_one_line_error(proc, "analyzer:", "bad.snap", text)
+    assert_one_line_error(proc, "analyzer:", "bad.stackshot", text)
 
 
 def test_a_truncated_file_is_a_one_line_error(saved_runs, tmp_path):
     data = saved_runs[0].read_bytes()
-    cut = tmp_path / "cut.snap"
+    cut = tmp_path / "cut.stackshot"
     cut.write_bytes(data[: len(data) // 2])
     proc = analyzer(cut)
     assert proc.returncode == 1
-    assert_one_line_error(proc, "cut.snap", "truncated")
+    assert_one_line_error(proc, "cut.stackshot", "truncated")
 
 
 def test_a_missing_file_is_a_one_line_error(tmp_path):
-    proc = analyzer(tmp_path / "gone.snap")
+    proc = analyzer(tmp_path / "gone.stackshot")
     assert proc.returncode == 1
-    assert_one_line_error(proc, "gone.snap", "No such file")
+    assert_one_line_error(proc, "gone.stackshot", "No such file")
 
 
 @pytest.fixture
@@ -573,8 +580,8 @@ def known(tmp_path):
     (70/30 of 100 ms with Racket's midpoint rule, 60/30 of 90 ms with ``'end'``)."""
     rows = [(k / 10, ["heavy" if k < 7 else "light", "main"]) for k in range(10)]
     snaps = build_snapshots([("t", t, t, stack) for t, stack in rows])
-    snaps.save(tmp_path / "known.snap")
-    return tmp_path / "known.snap"
+    snaps.save(tmp_path / "known.stackshot")
+    return tmp_path / "known.stackshot"
 
 
 def flat_names(proc) -> list:

@@ -72,20 +72,21 @@ def test_profile_html_without_and_with_its_source():
         assert "iframe" in profile_html(profile)
 
 
-def test_magic_export_format_from_name_or_option():
+def test_magic_output_format_follows_the_one_rule_of_every_front_end(tmp_path):
     need_module("IPython")
     from IPython.core.error import UsageError
 
-    from sampler.notebook import _export_format
+    from analyzer.cli import FILE_ENDINGS, format_for_path
+    from stackshot.notebook import _output_options
 
-    assert [_export_format(p, None) for p in ("a.pb.gz", "a.speedscope.json", "a.json", "a.prof",
-                                             "a.pstats", "a.collapsed.txt", "a.html")] == [
-        "pprof", "speedscope", "speedscope", "pstats", "pstats", "collapsed", "html"]
-    assert _export_format("a.bin", "pprof") == "pprof"
-    with pytest.raises(UsageError, match="cannot tell the export format of 'a.bin'"):
-        _export_format("a.bin", None)
-    with pytest.raises(UsageError, match="unknown export format 'svg'"):
-        _export_format("a.svg", "svg")
+    for ending, fmt in FILE_ENDINGS:
+        path = tmp_path / ("a" + ending)
+        assert _output_options(str(path), None, "cpu").format == fmt == format_for_path(path)
+    assert _output_options(str(tmp_path / "a.bin"), "pprof", "cpu").format == "pprof"
+    with pytest.raises(UsageError, match="cannot tell what to write to .*a.bin"):
+        _output_options(str(tmp_path / "a.bin"), None, "cpu")
+    with pytest.raises(UsageError, match="unknown format 'svg'"):
+        _output_options(str(tmp_path / "a.svg"), "svg", "cpu")
 
 
 # -- a real notebook -------------------------------------------------------------------
@@ -94,7 +95,7 @@ def cells() -> list[tuple[str, list[str]]]:
     fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
     return [
         (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}", []),
-        ("%load_ext sampler.notebook", []),
+        ("%load_ext stackshot.notebook", []),
         ("%%sample -d 0.001 -v snaps -k request\nimport sampler\n"
          "with sampler.mark('request', 'r<1>'):\n    fib(24)", []),
         ("%sample -f text fib(25)", []),  # long enough for several samples inside fib
@@ -195,33 +196,22 @@ def test_inline_flame_graph_draws_inside_the_sandboxed_iframe(tmp_path):
         assert b.problems() == []
 
 
-# -- once the lead has wired the methods (see the exports report) ---------------------------
+# -- the extension's names and the reprs it registers ---------------------------------
 
-def _wired() -> bool:
-    import sampler
-    from analyzer import Profile
-    from sampler import Snapshots
-
-    return all((hasattr(sampler, "load_ipython_extension"), hasattr(Profile, "_repr_html_"),
-                hasattr(Profile, "_repr_pretty_"), hasattr(Snapshots, "_repr_html_"),
-                hasattr(Snapshots, "_repr_pretty_")))
-
-
-@pytest.mark.skipif(not _wired(), reason="not wired yet: sampler.load_ipython_extension and the "
-                    "_repr_html_/_repr_pretty_ methods of Profile and Snapshots")
-def test_load_ext_sampler_and_rich_reprs(tmp_path):
+@pytest.mark.parametrize("extension", ["stackshot", "sampler"])
+def test_load_ext_and_rich_reprs(tmp_path, extension):
     need_module("IPython")
     from IPython.lib.pretty import pretty
 
     from analyzer import analyze_samples
 
     assert "work" in pretty(analyze_samples(two_threads()))
-    assert pretty(two_threads()).startswith("<Snapshots v1")
+    assert pretty(two_threads()).startswith("<Snapshots v1")  # the sampler alone: its repr
     nbformat = need_module("nbformat")
     nbclient = need_module("nbclient")
     nb = nbformat.v4.new_notebook()
     for source in (f"import sys\nsys.path.insert(0, {str(REPO)!r})",
-                   "%load_ext sampler",
+                   f"%load_ext {extension}",
                    "%sample -f none -v s sum(i * i for i in range(3_000_000))",
                    "s",
                    "from analyzer import analyze_samples\nanalyze_samples(s)"):
@@ -231,3 +221,123 @@ def test_load_ext_sampler_and_rich_reprs(tmp_path):
     for cell in nb.cells[3:]:
         (out,) = html_of(cell)
         assert "stackshot" in out and "samples" in out
+    plain = nb.cells[3].outputs[0]["data"]["text/plain"]
+    assert plain.startswith("<Snapshots v1") and "Caller" in plain  # the registered pretty repr
+
+
+# -- the cell, not the kernel ------------------------------------------------------------
+
+def test_every_notebook_front_end_profiles_the_cell_not_the_kernel(tmp_path):
+    """``%%sample``, ``%sample``, ``with profile():`` and ``profile_thunk`` on a real
+    kernel: every frame of the profile is the notebook's own code."""
+    import json
+
+    nbformat = need_module("nbformat")
+    nbclient = need_module("nbclient")
+    need_module("ipykernel")
+    fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    sources = [
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}",
+        "%load_ext stackshot",
+        "%%sample -f none -v cell\nx = fib(23)",
+        "%sample -f none -v line x = fib(23)",
+        "import stackshot\nwith stackshot.profile(render=None) as p:\n    fib(23)\nblock = p.snapshots",
+        "got = []\nstackshot.profile_thunk(lambda: fib(23), render=got.append)\n"
+        "thunk = got[0].source",
+        "import json\nprint(json.dumps({k: sorted({f.filename for f in v.frames}) "
+        "for k, v in dict(cell=cell, line=line, block=block, thunk=thunk).items()}))",
+        "%%sample -d -1\nfib(5)",
+        "%sample -l 0 fib(5)",
+    ]
+    nb = nbformat.v4.new_notebook()
+    for source in sources:
+        cell = nbformat.v4.new_code_cell(source)
+        if source.startswith("%%sample -d -1") or source.startswith("%sample -l 0"):
+            cell.metadata["tags"] = ["raises-exception"]
+        nb.cells.append(cell)
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    files = json.loads(text_of(nb.cells[6]))
+    for kind, names in files.items():
+        assert names, kind
+        for name in names:  # the cells' own files; no kernel, library or stackshot code
+            assert "ipykernel" in name or name.startswith("<ipython-input"), (kind, name)
+            assert not any(lib in name for lib in ("site-packages", "/lib/python", "stackshot/")), \
+                (kind, name)
+    for cell, option in ((nb.cells[7], "-d"), (nb.cells[8], "-l")):
+        shown = json.dumps(cell.outputs)
+        assert "UsageError" in shown and f"{option} takes a finite number" in shown, shown
+        assert "Traceback" not in shown and "ValueError" not in shown, shown
+
+
+@pytest.mark.parametrize("width", [700, 1280])  # a narrow notebook, a wide one
+def test_the_inline_flame_graph_fits_its_frame_and_names_never_wrap_letter_by_letter(tmp_path, width):
+    import json
+    import time
+
+    exe = find_chromium() or need_program("chromium", "chromium")
+    page = tmp_path / "cell.html"
+    page.write_text(f"<!DOCTYPE html><html><body style='margin:0'>{snapshots_html(demo_app())}"
+                    "</body></html>", encoding="utf-8")
+    with Browser(exe, profile_dir=str(tmp_path / "profile"), width=width) as b:
+        b.open(page)
+        ready = ("document.querySelector('.ss-root') && "
+                 "document.querySelector('.ss-root').getAttribute('data-ready') === '1'")
+        for _ in range(600):  # only against hangs
+            if b.eval_in_child_frame(ready):
+                break
+            time.sleep(0.1)
+        got = json.loads(b.eval_in_child_frame("""JSON.stringify((function () {
+          var svg = document.querySelector('svg.ss-flame').getBoundingClientRect();
+          var cells = Array.from(document.querySelectorAll('.ss-table td.ss-name'));
+          return {w: document.documentElement.clientWidth, h: document.documentElement.clientHeight,
+                  right: svg.right, bottom: svg.bottom,
+                  names: cells.map(function (td) {
+                    var probe = document.createElement('span');
+                    probe.textContent = 'x';
+                    td.appendChild(probe);
+                    var line = probe.getBoundingClientRect().height;
+                    td.removeChild(probe);
+                    return [td.textContent, td.getBoundingClientRect().height / line]; })};
+        })())"""))
+        assert b.problems() == []
+    assert 0 < got["right"] <= got["w"] and 0 < got["bottom"] <= got["h"], got
+    assert got["names"], "the caller/callee table is there"
+    for name, lines in got["names"]:
+        if len(name) <= 30:
+            assert lines < 2.5, (name, lines, got["w"])  # one line (two at most), not a column of letters
+
+
+def test_a_sample_while_the_shell_compiles_the_cell_is_idle_not_kernel_frames():
+    """What a loaded machine makes likely: the sampler ticks while IPython transforms
+    and compiles the cell, before the user's code runs.  Such a sample is the
+    profiler's overhead; the others start at the cell's ``<module>``."""
+    need_module("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.magic import Magics
+
+    from sampler.snapshot import Frame
+    from snapshot_builders import snapshots as build_snapshots
+    from stackshot.notebook import _magics_class, trim_cell
+
+    class Shell:  # what trim_cell asks of a shell: its class's run_cell methods
+        run_cell = InteractiveShell.run_cell
+
+    def frame_of(fn, name=None):
+        code = getattr(fn, "__code__", fn)
+        return Frame(name or code.co_name, code.co_filename, code.co_firstlineno, code.co_firstlineno)
+
+    magic = vars(_magics_class())["sample"]
+    kernel = [Frame("dispatch_shell", "/k/ipykernel/kernelbase.py", 1, 2),
+              frame_of(InteractiveShell.run_code), Frame("<module>", "/tmp/ipykernel_1/1.py", 1, 1),
+              Frame("run_cell_magic", "/k/IPython/core/interactiveshell.py", 1, 2), frame_of(magic),
+              frame_of(InteractiveShell.run_cell)]
+    compiling = kernel + [Frame("transform_cell", "/k/IPython/core/inputtransformer2.py", 1, 2)]
+    running = kernel + [frame_of(InteractiveShell.run_code), Frame("<module>", "/tmp/ipykernel_1/2.py", 1, 1),
+                        Frame("fib", "/tmp/ipykernel_1/0.py", 1, 2)]
+    rows = [("t", i / 100, i / 100, list(reversed(compiling if i == 1 else running))) for i in range(5)]
+    trimmed = trim_cell(build_snapshots(rows), magic.__code__, Shell())
+    stacks = [[f.name for f in trimmed.stack_frames(s)] for s in trimmed.sample_stack]
+    assert stacks[1] == []  # idle: the compilation is not the user's code
+    assert all(st == ["fib", "<module>"] for k, st in enumerate(stacks) if k != 1), stacks
+    assert issubclass(_magics_class(), Magics)

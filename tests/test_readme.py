@@ -16,7 +16,7 @@ def test_readme_opens_with_exactly_two_commands():
     commands = first.group(1).strip().splitlines()
     assert len(commands) == 2
     install_and_run, run_tests = commands
-    assert "pip install" in install_and_run and "sampler.demo" in install_and_run
+    assert "pip install" in install_and_run and "stackshot.demo" in install_and_run
     assert run_tests.endswith("-m pytest")
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read()
     assert '"$venv/bin/python" -m pytest' in ci, "CI runs the README's test command"
@@ -31,9 +31,9 @@ def test_readme_python_example_runs(tmp_path):
 
 
 def test_the_demo_the_first_command_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sampler", "-m", "sampler.demo"],
+    proc = subprocess.run([sys.executable, "-m", "stackshot", "-m", "stackshot.demo"],
                           capture_output=True, text=True, cwd=tmp_path, env=repo_env(),
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("demo: ")
-    assert "Caller" in proc.stdout and "fingerprint" in proc.stdout
+    assert proc.stdout.startswith("demo: ") and "Caller" not in proc.stdout
+    assert "Caller" in proc.stderr and "fingerprint" in proc.stderr  # the report: stderr

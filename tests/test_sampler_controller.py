@@ -178,8 +178,10 @@ def test_argument_count_is_checked():
             ctl("set-delay!")
         with pytest.raises(TypeError, match="takes no argument"):
             ctl("pause", 1)
-        with pytest.raises(ValueError, match="unknown sampler message"):
+        with pytest.raises(TypeError, match="a sampler message is a string"):
             ctl(42)
+        with pytest.raises(ValueError, match="unknown sampler message"):
+            ctl("get-snapshot")
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 
 from analyzer import Profile, analyze_samples
 from sampler.snapshot import Frame
-from sampler.toplevel import (
+from stackshot.toplevel import (
     TEXT, Profiler, _own_files, _run_thunk, call_renderer, profile, profile_thunk,
     trim_snapshots,
 )
@@ -24,7 +24,7 @@ from run_helpers import REPO, spin
 from sampling_helpers import spin_until_sampled
 from snapshot_builders import snapshots as build_snapshots
 
-SAMPLER_DIR = os.path.join(REPO, "sampler") + os.sep
+OWN_DIRS = (os.path.join(REPO, "sampler") + os.sep, os.path.join(REPO, "stackshot") + os.sep)
 
 
 def worker_loop(cpu_seconds: float) -> int:
@@ -76,7 +76,7 @@ def test_the_profile_holds_no_frame_of_the_profiler():
     r = Recorder()
     profile_thunk(lambda: spin(0.05), render=r)
     prof = r.calls[0][0]
-    own = [n for n in prof.nodes if n.src and n.src.startswith(SAMPLER_DIR)]
+    own = [n for n in prof.nodes if n.src and n.src.startswith(OWN_DIRS)]
     assert own == []
     # the thunk is the root: nothing of the caller (this test, pytest) is above it
     roots = {e.callee.id for e in prof.root.callees}
@@ -362,12 +362,47 @@ def test_trim_cuts_outside_the_entry_and_splices_the_profilers_frames():
     assert trimmed.runs == snaps.runs
 
 
-# -- the package boundary --------------------------------------------------------------
 
-def test_importing_sampler_does_not_import_the_analyzer():
-    code = ("import sys, sampler, sampler.toplevel, sampler.cli, sampler.demo; "
-            "print(sorted(m for m in sys.modules if m == 'analyzer' or m.startswith('analyzer.')))")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120, check=True).stdout
-    assert out.strip() == "[]"
+
+# -- processes and threads the profile does not see ------------------------------------
+
+def test_a_child_forked_inside_the_block_never_renders_the_parents_profile(tmp_path):
+    from run_helpers import SPIN_SOURCE, repo_env
+
+    script = tmp_path / "forks.py"
+    script.write_text(SPIN_SOURCE + """
+import os, stackshot
+with stackshot.profile():
+    spin(0.05)
+    pid = os.fork()
+    if pid == 0:
+        spin(0.02)
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+""")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=repo_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("Profiling results") == 1 and "spin" in proc.stdout
+
+
+def test_the_header_says_other_threads_ran_unsampled():
+    r = Recorder()
+
+    def code():
+        t = threading.Thread(target=spin, args=(0.1,))
+        t.start()
+        t.join()
+        spin(0.02)
+
+    profile_thunk(code, render=r)
+    from analyzer import render_text
+
+    import re
+
+    found = re.search(r"(\d+) other threads? used up to ", render_text(r.calls[0][0]))
+    assert found and int(found[1]) >= 1  # the thread started (and any other that ran)
+    r.calls.clear()
+    profile_thunk(code, render=r, threads=True)  # sampled: nothing to say
+    assert "other thread" not in render_text(r.calls[0][0])

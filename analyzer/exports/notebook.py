@@ -26,6 +26,24 @@ TOP = 10
 """How many functions the static summary lists."""
 
 
+# A notebook cell is narrower than a browser window: the caller/callee table goes
+# below the flame graph when both do not fit side by side, and a name breaks only
+# where it must, never letter by letter in a squeezed column.
+_CELL_CSS = """<style>
+.ss-main { flex-wrap: wrap; }
+.ss-graph { flex: 3 1 420px; }
+.ss-side { flex: 2 1 22em; }
+.ss-table td.ss-name { word-break: normal; overflow-wrap: anywhere; }
+</style>
+"""
+
+
+def _in_cell(page: str) -> str:
+    """The flame graph page, fitted to a notebook cell (see :data:`_CELL_CSS`)."""
+    head_end = page.find("</head>")
+    return page if head_end < 0 else page[:head_end] + _CELL_CSS + page[head_end:]
+
+
 def _iframe(page: str, height: int) -> str:
     return (f'<iframe class="stackshot-frame" sandbox="allow-scripts" '
             f'style="width:100%;height:{height}px;border:1px solid #ddd" '
@@ -79,7 +97,7 @@ def snapshots_html(snapshots: Snapshots, *, clock: str = "cpu", title: Optional[
     top, grand = _snapshot_top(snapshots, clock)
     return (f"<div class='stackshot'>{summary}"
             f"<details><summary>heaviest functions by self time</summary>{_top_table(top, grand, clock)}</details>"
-            f"{_iframe(to_html(snapshots, clock=clock, title=title), _height(snapshots))}</div>")
+            f"{_iframe(_in_cell(to_html(snapshots, clock=clock, title=title)), _height(snapshots))}</div>")
 
 
 def profile_html(profile: Any) -> str:

@@ -58,14 +58,12 @@ def _escape(m: "re.Match[str]") -> str:
 
 
 def format_source(src: Any, limit: Optional[int]) -> str:
-    """``src`` as text, keeping its end (the file name and line) when longer than ``limit``;
-    control characters are escaped (:func:`printable`) before it is measured."""
-    if src is None:
-        return "(unknown source)"
-    text = printable(src)
-    if limit is not None and len(text) > limit:
-        return "..." + text[len(text) - max(limit - 3, 1):]
-    return text
+    """``src`` as text: relative to its ``sys.path`` entry, shortened by whole leading
+    directories when longer than ``limit`` (see :mod:`.naming`); control characters
+    are escaped (:func:`printable`)."""
+    from .naming import format_source as short
+
+    return printable(short(src, limit))
 
 
 def format_percent(part: float, whole: float) -> str:

@@ -14,8 +14,9 @@ import re
 from typing import IO, Optional
 
 from ..model import Profile
+from .naming import hidden_chains
 from .common import (
-    check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
+    check_fraction, check_truncate_source, format_ms, format_percent, format_source,
     to_ms,
 )
 
@@ -46,7 +47,7 @@ def render_dot(
     hide_self = check_fraction("hide_self", hide_self)
     hide_subs = check_fraction("hide_subs", hide_subs)
     check_truncate_source(truncate_source)
-    hidden = hidden_nodes(profile, hide_self, hide_subs)
+    hidden = hidden_chains(profile, hide_self, hide_subs)
     shown = [n for n in profile.nodes if n not in hidden]
     ids = {n: f"n{i}" for i, n in enumerate(shown, 1)}
     total = profile.total_time

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import IO, Optional
 
 from ..model import Profile
+from .naming import display_names
 from .common import (
     check_fraction, check_truncate_source, format_ms, format_percent, format_source, printable,
     to_ms,
@@ -64,7 +65,8 @@ def render_flat(
     def cell(t: float) -> str:
         return f"{format_ms(to_ms(profile, t))} {format_percent(t, total):>6}"
 
-    table = [(printable(n.name), cell(n.self), cell(n.total),
+    names = display_names(profile, shown)
+    table = [(printable(names[n]), cell(n.self), cell(n.total),
               format_source(n.src, truncate_source) if show_line else "") for n in shown]
     name_w = max(len("function"), *(len(r[0]) for r in table))
     self_w = max(len("self"), *(len(r[1]) for r in table))

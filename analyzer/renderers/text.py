@@ -17,28 +17,31 @@ root has no entry of its own.
 
 from __future__ import annotations
 
-from typing import IO, Optional
+import os
+from typing import IO, Optional, Union
 
 from ..model import Profile
+from .naming import display_names, emit, hidden_chains
 from .common import (
-    ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source, hidden_nodes,
+    ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source,
     ordered_nodes, printable, to_ms,
 )
 
 _THREADS_LISTED = 8  # the header names this many threads, heaviest first
-_NAME_CAP = 60  # the Local% column waits for names up to this long; longer ones push it
+WIDTH = 100  # rows fit this many columns (a long name alone may push past it)
 
 
 def render_text(
     profile: Profile,
-    file: Optional[IO[str]] = None,
+    file: Union[None, str, "os.PathLike[str]", IO[str]] = None,
     *,
     order: str = "topological",
     truncate_source: Optional[int] = 50,
     hide_self: float = 0.01,
     hide_subs: float = 0.02,
 ) -> str:
-    """Racket's text report of ``profile``; returned, and also written to ``file`` if given.
+    """Racket's text report of ``profile``; returned, and also written to ``file`` if
+    given (an open text stream, or a path to write).
 
     ``order``: ``'topological'`` (callers before callees, as analysed), ``'self'`` or
     ``'total'`` (heaviest first).  ``truncate_source``: keep at most this many
@@ -53,16 +56,13 @@ def render_text(
     hide_self = check_fraction("hide_self", hide_self)
     hide_subs = check_fraction("hide_subs", hide_subs)
     check_truncate_source(truncate_source)
-    text = _render(profile, order, truncate_source, hide_self, hide_subs)
-    if file is not None:
-        file.write(text)
-    return text
+    return emit(_render(profile, order, truncate_source, hide_self, hide_subs), file)
 
 
 def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: float,
             hide_subs: float) -> str:
     out: list[str] = []
-    hidden = hidden_nodes(profile, hide_self, hide_subs)
+    hidden = hidden_chains(profile, hide_self, hide_subs)
     shown = [n for n in ordered_nodes(profile, order) if n not in hidden]
     out.extend(_header(profile, len(hidden), hide_self, hide_subs))
     if not profile.sample_number and not profile.nodes:
@@ -75,7 +75,8 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
         return "\n".join(out) + "\n"
 
     index = {n: i for i, n in enumerate(shown, 1)}
-    labels = {n: f"{printable(n.name)} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
+    names = display_names(profile, shown)
+    labels = {n: f"{printable(names[n])} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
     total = profile.total_time
     digits = _digits(to_ms(profile, total))
     ms = to_ms(profile, 1.0)
@@ -91,8 +92,8 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     sub_indent = " " * (lead + 2)
     # wide enough for every label up to the cap; a longer one pushes only its own
     # percentage right, still two spaces clear of it
-    name_w = min(_NAME_CAP, max(len("Name+src"), *map(len, labels.values())))
     pct_w = 7  # "100.0%" and a space
+    name_w = min(WIDTH - (lead + 2 + 2 + pct_w), max(len("Name+src"), *map(len, labels.values())))
     width = max(lead + 2 + name_w + 2 + pct_w, 60)
 
     out.append("")
@@ -112,8 +113,11 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
             label = labels.get(e.caller)
             if label is not None:
                 out.append(f"{sub_indent}{label:<{name_w}}  {e.caller_time / whole * 100:>6.1f}%")
+        # the source gets what is left of the row (all of it with truncate_source=None)
+        room = max(WIDTH - lead - len(names[n]) - 1, 4)
+        limit = None if truncate is None else min(truncate, room)
         out.append(f" {idx:<{idx_w}} {tot:>{tot_w}}  {slf:>{self_w}}  "
-                   f"{printable(n.name)} {format_source(n.src, truncate)}")
+                   f"{printable(names[n])} {format_source(n.src, limit)}")
         for e in n.callees:  # heaviest first: right below the node
             label = labels.get(e.callee)
             if label is not None:
@@ -132,8 +136,10 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
     else:
         lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
     n = profile.sample_number
-    every = f" (once every {format_ms(total_ms / n)})" if n else ""
-    lines.append(f"  Number of samples taken: {n}{every}")
+    lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
+    engines = sorted({r.engine for r in profile.runs if getattr(r, "engine", "")})
+    if engines:
+        lines.append(f"  Engine: {', '.join(engines)}")
     threads = profile.thread_times
     if len(threads) > 1:
         parts = []
@@ -145,9 +151,45 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
         lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
+    lines.extend(unseen_lines(profile))
     if n_hidden:
         lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
                      f"local<={hide_subs * 100:.1f}%: {n_hidden} of {len(profile.nodes)} hidden)")
+    return lines
+
+
+def _period(profile: Profile, total_ms: float) -> str:
+    """" (once every …)": the sampling period achieved, and the one asked for, from the
+    sampler runs; without them (Racket's raw shape, hand-built snapshots) the mean
+    time a sample observed, which is what Racket prints."""
+    runs = profile.runs
+    ticks = sum(getattr(r, "ticks", 0) for r in runs)
+    if ticks:
+        achieved = 1000.0 * sum(r.sampling_wall for r in runs) / ticks
+        asked = sorted({r.requested_delay for r in runs})
+        wanted = ", ".join(format_ms(1000.0 * d) for d in asked)
+        return f" (once every {format_ms(achieved)}; asked for {wanted})"
+    n = profile.sample_number
+    return f" (once every {format_ms(total_ms / n)})" if n else ""
+
+
+def unseen_lines(profile: Profile) -> list[str]:
+    """What the samples could not see, from what the front end recorded in the runs:
+    other threads' CPU time and child processes that ran unprofiled."""
+    lines = []
+    extra = [r.extra for r in profile.runs if isinstance(getattr(r, "extra", None), dict)]
+    others = sum(int(e.get("other_threads", 0)) for e in extra)
+    if others and profile.weight == "cpu":
+        collector = sum(getattr(r, "collector_cpu", 0.0) for r in profile.runs)
+        unseen = to_ms(profile, profile.cpu_time - profile.total_time) - 1000.0 * collector
+        if unseen > 0:
+            threads = "thread" if others == 1 else "threads"
+            lines.append(f"  {others} other {threads} used up to {format_ms(unseen)}, "
+                         "not sampled: use --all-threads (threads=True in the API)")
+    children = sum(int(e.get("child_processes", 0)) for e in extra)
+    if children:
+        procs = "process" if children == 1 else "processes"
+        lines.append(f"  {children} child {procs} ran unprofiled")
     return lines
 
 

@@ -7,30 +7,30 @@ sampled too), runs the code, stops, analyses the snapshots and hands the profile
 renderer.  The sampler's own bookkeeping is left out of the profile (see
 :func:`trim_snapshots`), so what is shown is the code and what called it.
 
-``sampler`` only collects: the analyzer is imported inside the functions here, never
-at import time, so ``import sampler`` does not load it.
+This is the ``stackshot`` layer: it uses both ``sampler`` (to collect) and
+``analyzer`` (to analyse and render); ``sampler`` itself never imports the analyzer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import importlib
 import inspect
 import math
 import numbers
 import os
 import sys
 import threading
+import time
 from array import array
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
-from . import realthreads
-from .controller import Sampler, create_sampler
-from .groups import ThreadGroup
-from .snapshot import Frame, Snapshots, StackTrie
+from sampler import realthreads
+from sampler.controller import Sampler, create_sampler
+from sampler.groups import ThreadGroup
+from sampler.snapshot import Frame, Snapshots, StackTrie
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers only; never imported at run time
-    from analyzer.model import Profile
+from analyzer import Profile, analyze_samples, render_text
 
 __all__ = ["profile_thunk", "profile", "Profiler", "TEXT", "call_renderer", "trim_snapshots"]
 
@@ -43,13 +43,11 @@ ORDERS = ("topological", "self", "total")
 class _TextRenderer:
     """The default renderer: the analyzer's text report, printed to standard output.
 
-    A named object rather than ``analyzer.render_text`` itself so that the default can
-    sit in a signature without importing the analyzer when ``sampler`` is imported.
+    A named object rather than ``analyzer.render_text`` itself so that it has a
+    readable repr in signatures and help.
     """
 
     def __call__(self, profile: "Profile", order: str = "topological") -> None:
-        from analyzer import render_text
-
         render_text(profile, sys.stdout, order=order)
         sys.stdout.flush()
 
@@ -138,20 +136,24 @@ _NOT_OURS = frozenset({"demo.py"})  # the bundled demo is a program to profile, 
 
 
 def _own_files() -> frozenset[str]:
-    """``co_filename`` of every module of the sampler package but the demo program.
+    """``co_filename`` of every module of the ``stackshot`` and ``sampler`` packages but
+    the demo program.
 
-    Built from this module's own ``co_filename`` (so the strings are exactly those
-    frames carry, relative or absolute, however the package was imported) and the
-    package directory's listing (so modules not imported yet count too).
+    Built from a function's own ``co_filename`` in each package (so the strings are
+    exactly those frames carry, relative or absolute, however the package was
+    imported) and each package directory's listing (so modules not imported yet
+    count too).
     """
-    here = _run_thunk.__code__.co_filename
-    folder = os.path.dirname(here)
-    try:
-        listing = os.listdir(folder or ".")
-    except OSError:
-        listing = []
-    names = {os.path.join(folder, f) for f in listing if f.endswith(".py") and f not in _NOT_OURS}
-    names.add(here)
+    names: set[str] = set()
+    for here in (_run_thunk.__code__.co_filename, create_sampler.__code__.co_filename):
+        folder = os.path.dirname(here)
+        try:
+            listing = os.listdir(folder or ".")
+        except OSError:
+            listing = []
+        names.update(os.path.join(folder, f) for f in listing
+                     if f.endswith(".py") and f not in _NOT_OURS)
+        names.add(here)
     return frozenset(names)
 
 
@@ -169,10 +171,24 @@ def _runpy_files() -> frozenset[str]:
     return frozenset(n for n in names if n)
 
 
-def _code_key(fn: Callable[..., Any]) -> tuple[str, int]:
-    """Where a function starts: what a :class:`Frame` of it records, whether its name
-    is recorded qualified (3.11+) or not."""
-    code = fn.__code__
+def cell_entries() -> tuple[Callable[..., Any], ...]:
+    """In IPython, the function that runs a cell's code (``InteractiveShell.run_code``):
+    cutting there starts a notebook's profile at the user's code, without the
+    kernel's ipykernel, tornado, asyncio and traitlets frames above it.  Empty
+    outside IPython (it is never imported here)."""
+    if "IPython" not in sys.modules:
+        return ()
+    try:
+        from IPython.core.interactiveshell import InteractiveShell
+    except ImportError:
+        return ()
+    return (InteractiveShell.run_code,)
+
+
+def _code_key(fn: Any) -> tuple[str, int]:
+    """Where a function (or code object) starts: what a :class:`Frame` of it records,
+    whether its name is recorded qualified (3.11+) or not."""
+    code = getattr(fn, "__code__", fn)
     return (code.co_filename, code.co_firstlineno)
 
 
@@ -285,6 +301,84 @@ def _compact(frames: list[Frame], stack_frame: array, stack_parent: array,
 
 
 # ----------------------------------------------------------------------------------
+# What was not seen: other threads
+# ----------------------------------------------------------------------------------
+def _thread_cpu(ident: int) -> Optional[float]:
+    """A live thread's CPU seconds (``None`` when it cannot be read, e.g. it ended)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError, OverflowError):
+        return None
+
+
+class OtherThreads:
+    """Counts the threads that used CPU while only some threads were sampled, so the
+    report can say so ("3 other threads used up to 812ms, not sampled").
+
+    Two kinds: threads alive when sampling starts whose CPU time grew by the end
+    (read from their CPU clocks while they live), and ``threading`` threads started
+    while it ran (seen by a :func:`threading.setprofile` hook that removes itself on
+    the thread's first event).  The time is the report's to bound: the process CPU
+    time no sample and no collector accounts for.
+    """
+
+    def __init__(self, tracked: Iterable[threading.Thread]) -> None:
+        self._tracked = {t.ident for t in tracked}
+        self._started: set[int] = set()
+        self._before: dict[int, Optional[float]] = {}
+        self._saved: Any = None
+
+    def _hook(self, frame: Any, event: str, arg: Any) -> None:
+        self._started.add(threading.get_ident())
+        sys.setprofile(None)  # one event per thread is all this needs
+
+    def __enter__(self) -> "OtherThreads":
+        self._before = {t.ident: _thread_cpu(t.ident) for t in threading.enumerate()
+                        if t.ident is not None and t.ident not in self._tracked}
+        self._saved = threading.getprofile() if hasattr(threading, "getprofile") else None
+        threading.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.setprofile(self._saved)
+        self.counted = self._count()
+
+    counted = 0
+
+    def _count(self) -> int:
+        busy = set()
+        for ident, before in self._before.items():
+            after = _thread_cpu(ident)
+            if before is None or after is None or after > before:
+                busy.add(ident)
+        return len(busy | (self._started - self._tracked))
+
+    def extra(self) -> dict[str, Any]:
+        """What the run's metadata records (read by the text report's header)."""
+        return {"other_threads": self.counted} if self.counted else {}
+
+
+def replace_snapshots(snapshots: Snapshots, **changes: Any) -> Snapshots:
+    """A copy of ``snapshots`` with some fields replaced (``runs=``, ``threads=`` ...)."""
+    fields = dict(
+        frames=snapshots.frames, stack_frame=snapshots.stack_frame,
+        stack_parent=snapshots.stack_parent, threads=snapshots.threads,
+        sample_thread=snapshots.sample_thread, sample_stack=snapshots.sample_stack,
+        sample_wall=snapshots.sample_wall, sample_cpu=snapshots.sample_cpu,
+        sample_marks=snapshots.sample_marks, wall_overflow=snapshots.wall_overflow,
+        cpu_overflow=snapshots.cpu_overflow, mark_sets=snapshots.mark_sets,
+        custom_keys=snapshots.custom_keys, runs=snapshots.runs,
+    )
+    return Snapshots(**{**fields, **changes})
+
+
+def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
+    """The snapshots with ``extra`` added to every run's metadata."""
+    return replace_snapshots(snapshots, runs=[dataclasses.replace(r, extra={**r.extra, **extra})
+                                              for r in snapshots.runs])
+
+
+# ----------------------------------------------------------------------------------
 # The periodic renderer
 # ----------------------------------------------------------------------------------
 class _Periodic:
@@ -308,8 +402,6 @@ class _Periodic:
         try:
             while not self._stop.acquire(timeout=self.seconds):
                 try:
-                    from analyzer import analyze_samples
-
                     prof = analyze_samples(self.trim(self.sampler.get_snapshots()))
                     call_renderer(self.render, prof, self.order)
                 except Exception as e:  # never kill the program for a progress report
@@ -353,7 +445,7 @@ class Profiler:
         order: str = "topological",
         entries: Iterable[Callable[..., Any]] = (),
     ) -> None:
-        from .controller import _check_delay
+        from sampler.controller import _check_delay
 
         self.delay = _check_delay(delay)
         self.threads = bool(threads)
@@ -368,6 +460,8 @@ class Profiler:
         self.profile: Optional["Profile"] = None
         self._group: Optional[ThreadGroup] = None
         self._periodic: Optional[_Periodic] = None
+        self._others: Optional[OtherThreads] = None
+        self._pid = 0
 
     def _options(self) -> dict[str, Any]:
         return dict(delay=self.delay, threads=self.threads, render=self.render,
@@ -375,19 +469,22 @@ class Profiler:
                     order=self.order)
 
     def _trim(self, snapshots: Snapshots) -> Snapshots:
-        return trim_snapshots(snapshots, self._entries)
+        # a block has no entry of its own: in a notebook its profile starts at the cell
+        return trim_snapshots(snapshots, self._entries or cell_entries())
 
     def __enter__(self) -> "Profiler":
         if self.sampler is not None:
             raise RuntimeError("this profile is already running; use a new profile(...) "
                                "for a nested or concurrent block")
-        importlib.import_module("analyzer")  # a missing analyzer fails now, not after the run
-
         self.snapshots = self.profile = None
         group = ThreadGroup("stackshot profile") if self.threads else None
         me = threading.current_thread()
         self.sampler = create_sampler([group, me] if group is not None else me, self.delay,
                                       use_errortrace=self.use_errortrace)
+        self._pid = os.getpid()
+        self._others = None
+        if group is None and not self.use_errortrace:
+            self._others = OtherThreads([me]).__enter__()
         if self.periodic_renderer is not None:
             seconds, render = self.periodic_renderer
             self._periodic = _Periodic(seconds, render, self.sampler, self.order, self._trim)
@@ -397,11 +494,16 @@ class Profiler:
         return self
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
-        from analyzer import analyze_samples
-
         sampler = self.sampler
         if sampler is None:
             return
+        if os.getpid() != self._pid:
+            # a process forked inside the block: the profile is the parent's to render
+            self.sampler = None
+            return
+        others, self._others = self._others, None
+        if others is not None:
+            others.__exit__()
         if self._group is not None:
             self._group.__exit__(exc_type, exc, tb)
             self._group = None
@@ -411,6 +513,8 @@ class Profiler:
         sampler.stop()
         self.sampler = None
         self.snapshots = self._trim(sampler.get_snapshots())
+        if others is not None and others.extra():
+            self.snapshots = _with_run_extra(self.snapshots, others.extra())
         self.profile = analyze_samples(self.snapshots)
         if exc is not None:
             print(f"stackshot: the profiled code raised {_one_line(exc)}; "

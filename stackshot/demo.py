@@ -2,8 +2,8 @@
 
 Try it under the profiler::
 
-    stackshot -m sampler.demo                  # the main thread
-    stackshot --all-threads -m sampler.demo    # and its helper thread
+    stackshot -m stackshot.demo                  # the main thread
+    stackshot --all-threads -m stackshot.demo    # and its helper thread
 
 It is written so that its profile has a clear, known shape.  The main thread makes
 a log (``make_log``), parses every line with a regular expression (``parse_line``),
@@ -13,7 +13,7 @@ counts visitors by a salted hash of their address (``pseudonym`` calling
 compresses (``compression_report``), work that only shows up when every thread is
 sampled.  It prints one line.
 
-``python -m sampler.demo [LINES]`` sets the size (default 30000 lines).
+``python -m stackshot.demo [LINES]`` sets the size (default 30000 lines).
 """
 
 from __future__ import annotations

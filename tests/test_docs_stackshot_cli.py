@@ -1,4 +1,4 @@
-"""Every example of scribblings/toplevel.md and scribblings/cli.md runs as the page says.
+"""Every example of scribblings/stackshot.md and scribblings/cli.md runs as the page says.
 
 ```python blocks run as ``tests/doc_examples.py`` runs them: each in a fresh
 interpreter, and a "prints `...`" paragraph after a block is checked exactly.
@@ -30,7 +30,7 @@ import pytest
 from doc_examples import DOCS, examples, run
 from run_helpers import repo_env
 
-PAGES = ("toplevel.md", "cli.md")
+PAGES = ("stackshot.md", "cli.md")
 TIMEOUT = 300  # per command, only against hangs
 
 _CONSOLE = re.compile(r"```console\n(.*?)```", re.S)
@@ -86,7 +86,7 @@ def make_bin(folder) -> str:
 
     The real console script is used when the package is installed beside this
     interpreter; otherwise an equivalent of what pip generates for
-    ``stackshot = sampler.cli:main``.
+    ``stackshot = stackshot.cli:main``.
     """
     os.makedirs(folder, exist_ok=True)
     scripts = {"python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'}
@@ -94,7 +94,7 @@ def make_bin(folder) -> str:
     if installed:
         scripts["stackshot"] = f'#!/bin/sh\nexec "{installed}" "$@"\n'
     else:
-        scripts["stackshot"] = (f"#!{sys.executable}\nimport sys\nfrom sampler.cli import main\n"
+        scripts["stackshot"] = (f"#!{sys.executable}\nimport sys\nfrom stackshot.cli import main\n"
                                 "sys.exit(main())\n")
     for name, body in scripts.items():
         path = os.path.join(folder, name)

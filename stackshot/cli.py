@@ -1,4 +1,5 @@
-"""``python -m sampler`` (and the ``stackshot`` command): profile a whole program.
+"""The ``stackshot`` command (also ``python -m stackshot`` and ``python -m sampler``):
+profile a whole program.
 
 ``stackshot [options] script.py [args]``, ``-m module [args]`` or ``-c code [args]``,
 as ``python -m cProfile`` takes them.  The program runs in this process, in the main
@@ -9,18 +10,19 @@ the main thread (``--all-threads``: every thread); when the program ends -- by
 returning, ``sys.exit``, an exception or Ctrl-C -- the profile of what ran is saved
 (``-o``) and rendered (``--format``).
 
-The program is run from :func:`_run_program`; :func:`sampler.toplevel.trim_snapshots`
+The program is run from :func:`_run_program`; :func:`stackshot.toplevel.trim_snapshots`
 cuts every frame outside it, so the profile starts at the program's ``<module>``.
 
-Only collecting happens in ``sampler``: the output half comes from
-:mod:`analyzer.cli`, imported when the command starts, before the program can
-change ``sys.path``.
+Collecting is the ``sampler``'s work; the output half (formats, filters, writing)
+comes from :mod:`analyzer.cli`, imported when the command starts, before the
+program can change ``sys.path``.
 """
 
 from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -36,10 +38,12 @@ import traceback
 import types
 from typing import IO, Any, Optional, Sequence
 
-from .controller import create_sampler
-from .snapshot import Snapshots
-from .toplevel import _own_files, _runpy_files, trim_snapshots
-from .tracking import ALL_THREADS
+from sampler.controller import create_sampler
+from sampler.snapshot import Snapshots, merge
+from sampler.tracking import ALL_THREADS
+
+from .children import ChildProfiles
+from .toplevel import OtherThreads, _own_files, _runpy_files, _with_run_extra, trim_snapshots
 
 __all__ = ["main", "Program"]
 
@@ -290,20 +294,6 @@ def _run(program: Program, repeat: int) -> Outcome:
     return out
 
 
-def _with_run_extra(snapshots: Snapshots, extra: dict[str, Any]) -> Snapshots:
-    """The snapshots with ``extra`` added to every run's metadata."""
-    runs = [dataclasses.replace(r, extra={**r.extra, **extra}) for r in snapshots.runs]
-    return Snapshots(
-        frames=snapshots.frames, stack_frame=snapshots.stack_frame,
-        stack_parent=snapshots.stack_parent, threads=snapshots.threads,
-        sample_thread=snapshots.sample_thread, sample_stack=snapshots.sample_stack,
-        sample_wall=snapshots.sample_wall, sample_cpu=snapshots.sample_cpu,
-        sample_marks=snapshots.sample_marks, wall_overflow=snapshots.wall_overflow,
-        cpu_overflow=snapshots.cpu_overflow, mark_sets=snapshots.mark_sets,
-        custom_keys=snapshots.custom_keys, runs=runs,
-    )
-
-
 class _SigintDeferred:
     """While the profile is written, a second Ctrl-C must not lose it: SIGINT is
     ignored for that short time (only the main thread may change handlers)."""
@@ -338,17 +328,20 @@ def _repeat(text: str) -> int:
 
 
 def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
-    from analyzer.cli import add_output_arguments
+    from analyzer.cli import REPORT_FORMATS, add_output_arguments
 
     parser = argparse.ArgumentParser(
         prog=prog or "stackshot", allow_abbrev=False,
         usage="%(prog)s [options] (script.py | -m module | -c code) [args ...]",
-        description="Run a Python program under stackshot's sampler and print its profile "
-                    "(Racket's caller/callee text by default).",
+        description="Run a Python program under stackshot's sampler. The profile never "
+                    "shares standard output with the program: the report (Racket's "
+                    "caller/callee text by default) is printed on standard error after "
+                    "the program ends, and -o FILE writes the format FILE's name says.",
         epilog="Options after the script, module or code are the program's own. The command "
                "exits with the program's exit status (130 after Ctrl-C, which stops the "
                "program and still writes the profile); 1 or 2 when stackshot itself cannot "
-               "do what was asked. Percentages may be written 1, 1% or 0.5.")
+               "do what was asked. Percentages may be written 1, 1% or 0.5. -o endings: "
+               + ", ".join(f"{e} ({f})" for e, f in _file_endings()) + ".")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER,
                         help="-m module [args ...]: run a library module as a script, "
                              "like python -m")
@@ -356,20 +349,37 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="-c code [args ...]: run a program passed as a string, "
                              "like python -c")
     parser.add_argument("--delay", type=_delay, default=0.001, metavar="SECONDS",
-                        help="seconds between samples (default: 0.001)")
+                        help="seconds between samples, the sampling period (default: 0.001)")
     parser.add_argument("--repeat", type=_repeat, default=1, metavar="N",
                         help="run the program N times, profiled as one (default: 1)")
     parser.add_argument("--all-threads", action="store_true",
                         help="sample every thread of the process, not only the main thread")
+    parser.add_argument("--subprocesses", action="store_true",
+                        help="profile the child processes the program forks (os.fork, "
+                             "multiprocessing's fork start method) too, merged into one profile "
+                             "with each child's threads named by pid")
     parser.add_argument("--use-errortrace", action="store_true",
                         help="sample an instrumented stack that also sees C functions")
-    parser.add_argument("-o", "--output", metavar="FILE", default=None,
-                        help="save the snapshots to FILE for `python -m analyzer`; nothing is "
-                             "printed then unless --format is given")
+    parser.add_argument("--engine", choices=("native", "python"), default=None,
+                        help="which engine reads the stacks (default: the sampler's choice)")
+    parser.add_argument("-o", "--output", metavar="FILE", action="append", default=[],
+                        help="write the profile to FILE, in the format its name ends with "
+                             "(.stackshot keeps the snapshots for `python -m analyzer`); "
+                             "repeatable. Nothing is printed then unless --format is given")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
                         help=argparse.SUPPRESS)
-    add_output_arguments(parser, selection=False)
+    add_output_arguments(
+        parser, selection=True, render_to=False,
+        format_help="the report printed on standard error after the program: "
+                    + ", ".join(REPORT_FORMATS) + " (default: text, unless -o is given); "
+                    "other formats are files for other programs: use -o FILE")
     return parser
+
+
+def _file_endings() -> tuple:
+    from analyzer.cli import FILE_ENDINGS
+
+    return FILE_ENDINGS
 
 
 def _program_from(args: argparse.Namespace) -> Program:
@@ -394,22 +404,23 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     The order matters: everything that can be checked is checked before the program
     starts; the sampler stops as soon as the program ends, so that reporting its
     error and writing the profile are not profiled; the profile is written even when
-    the program failed.
+    the program failed; a process forked by the program never writes or prints it.
     """
-    from analyzer.cli import CLIError, OutputOptions, check_writable
-    importlib.import_module(".snapshot_file", __package__)  # loaded before the program owns sys.path
+    from analyzer.cli import CLIError, OutputOptions
+    importlib.import_module("sampler.snapshot_file")  # loaded before the program owns sys.path
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    stdout = sys.stdout  # the profile goes where our output went, whatever the program does
+    report = _ReportStream()  # the profile goes where a user sees it, whatever the program does
     # frames that are stackshot's: its modules, runpy, and the command's own __main__
-    # (sampler/__main__.py, or the `stackshot` console script)
+    # (sampler/__main__.py, stackshot/__main__.py, or the `stackshot` console script)
     launcher = _launcher_files() | {f for f in [getattr(sys.modules.get("__main__"), "__file__", None)] if f}
     try:
         program = _program_from(args)
         opts = OutputOptions.from_namespace(args)
-        if args.output is not None:
-            check_writable(args.output, "-o")
+        files = [(path, dataclasses.replace(opts, format_given=False).for_file(path))
+                 for path in args.output]
+        shown = _report_options(opts, args)
         program.prepare()
     except (UsageError, CLIError) as e:
         _fail(str(e))
@@ -420,56 +431,163 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
 
     _set_path(program)
     track = ALL_THREADS if args.all_threads else threading.current_thread()
+    engine = {} if args.engine is None else {"engine": args.engine}  # only when asked for
     try:
-        sampler = create_sampler(track, args.delay, use_errortrace=args.use_errortrace)
+        sampler = create_sampler(track, args.delay, use_errortrace=args.use_errortrace, **engine)
     except NotImplementedError as e:
         _fail(f"--use-errortrace: {_one_line(e)}")
         return EXIT_USAGE
+    except (TypeError, ValueError) as e:
+        if not engine:
+            raise
+        _fail(f"--engine {args.engine}: {_one_line(e)}")
+        return EXIT_USAGE
+    def trim(snaps: Snapshots) -> Snapshots:
+        return trim_snapshots(snaps, (_run_program,), overhead=(main,), own_files=launcher)
+
+    forks = ChildProfiles(args.delay, trim) if args.subprocesses else None
+    children = _Children(count_forks=forks is None)
+    others = OtherThreads(() if args.all_threads or args.use_errortrace else [track])
+    parent = os.getpid()
     try:
-        outcome = _run(program, args.repeat)
+        with children, (others if not args.all_threads and not args.use_errortrace
+                        else contextlib.nullcontext()), (forks or contextlib.nullcontext()):
+            outcome = _run(program, args.repeat)
     finally:
-        with _SigintDeferred():
-            sampler.stop()
+        if os.getpid() == parent:
+            with _SigintDeferred():
+                sampler.stop()
+    if os.getpid() != parent:
+        # A process the program forked, leaving the program's code: the profile is the
+        # parent's to write; this one has no sampler thread and must not overwrite it
+        # (with --subprocesses it leaves its own snapshots for the parent to merge).
+        if outcome.error is not None:
+            _print_program_error(outcome.error, launcher)
+        if forks is not None:
+            forks.save_child()
+        return outcome.status
     if outcome.error is not None:
         _print_program_error(outcome.error, launcher)
     with _SigintDeferred():
-        snapshots = trim_snapshots(sampler.get_snapshots(), (_run_program,), overhead=(main,),
-                                   own_files=launcher)
+        snapshots = trim(sampler.get_snapshots())
         snapshots = _with_run_extra(snapshots, {
             "program": program.identity, "argv": list(program.argv),
             "exit_status": outcome.status, "interrupted": outcome.interrupted,
+            **children.extra(), **others.extra(),
         })
-        render = args.output is None or args.format is not None
-        status = _write(snapshots, args.output, opts if render else None, stdout)
+        if forks is not None:
+            snapshots = merge(snapshots, *forks.collect())
+        status = _write(snapshots, files, shown, report)
         if outcome.interrupted:
             _fail("interrupted; the profile covers the program until then")
     return outcome.status or status
 
 
-def _write(snapshots: Snapshots, path: Optional[str], opts: Any, stdout: IO[str]) -> int:
-    """Save the snapshots to ``path`` and render them with ``opts`` (either may be
-    ``None``); returns 0, or the status of stackshot's own failure, told in one line."""
+def _report_options(opts: Any, args: argparse.Namespace) -> Optional[Any]:
+    """The options of the report printed after the program, or ``None`` for none:
+    text unless ``-o`` is given; ``--format`` names a report, never a machine format,
+    which would mix into what the user reads (it goes to a file with ``-o``)."""
+    from analyzer.cli import REPORT_FORMATS
+
+    if args.format is None:
+        return None if args.output else opts
+    if args.format not in REPORT_FORMATS:
+        ending = next((e for e, f in _file_endings() if f == args.format), "")
+        raise UsageError(f"--format {args.format} is a file for another program, not a "
+                         f"report to read: write it with -o FILE (e.g. -o profile{ending})")
+    return opts
+
+
+class _ReportStream:
+    """Standard error as it was when stackshot started, kept on a duplicate of its
+    file descriptor: the report still reaches the user when the program closed or
+    replaced ``sys.stderr`` (or ``sys.stdout``, which it never uses)."""
+
+    def __init__(self) -> None:
+        self.stream: Any = sys.stderr
+        try:
+            fd = os.dup(sys.stderr.fileno())
+        except (OSError, ValueError, AttributeError):
+            return
+        encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+        self.stream = open(fd, "w", encoding=encoding, errors="backslashreplace",
+                           closefd=True)
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
+class _Children:
+    """Counts the child processes the program starts (``os.fork``, ``subprocess``,
+    ``os.posix_spawn``, ``os.system``) through audit events, so that the report can say
+    how many ran unprofiled.  An audit hook cannot be removed: it counts only while
+    a run is active.  Not seen: multiprocessing's spawn and forkserver starts, which
+    raise no audit event."""
+
+    EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
+                        "os.posix_spawnp", "os.system"})
+    FORKS = frozenset({"os.fork", "os.forkpty"})
+    _active: Optional["_Children"] = None
+    _hooked = False
+
+    def __init__(self, count_forks: bool = True) -> None:
+        self.count = 0
+        self.events = self.EVENTS if count_forks else self.EVENTS - self.FORKS
+
+    @classmethod
+    def _hook(cls, event: str, args: Any) -> None:
+        active = cls._active
+        if active is not None and event in active.events and os.getpid() == active.pid:
+            active.count += 1
+
+    def __enter__(self) -> "_Children":
+        if not _Children._hooked:
+            sys.addaudithook(_Children._hook)
+            _Children._hooked = True
+        _Children._active = self
+        self.pid = os.getpid()  # a forked child's own children are not the parent's to count
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _Children._active = None
+
+    def extra(self) -> dict[str, Any]:
+        return {"child_processes": self.count} if self.count else {}
+
+
+def _write(snapshots: Snapshots, files: list, report_opts: Any, report: Any) -> int:
+    """Write the snapshots to each ``(path, options)`` of ``files`` and print the
+    report with ``report_opts`` (if any) on ``report``; returns 0, or the status of
+    stackshot's own failure, told in one line."""
     from analyzer.cli import CLIError, write_output
 
-    for stream in (sys.stdout, stdout):  # the program's output comes first
+    for stream in (sys.stdout, sys.stderr):  # the program's output comes first
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    try:
-        if path is not None:
-            try:
-                snapshots.save(path)
-            except OSError as e:
-                raise CLIError(f"cannot save the snapshots to {path}: {e.strerror or e}") from None
-        if opts is not None:
-            write_output(snapshots, opts, stdout)
-    except CLIError as e:
-        _fail(str(e))
-        return e.status
-    except BrokenPipeError:  # `stackshot prog.py | head`: not worth a message
-        _silence(stdout)
-    return 0
+    status = 0
+    for path, file_opts in files:
+        try:
+            write_output(snapshots, file_opts)
+        except CLIError as e:
+            _fail(str(e))
+            status = status or e.status
+    if report_opts is not None:
+        try:
+            write_output(snapshots, report_opts, report)
+        except CLIError as e:
+            _fail(str(e))
+            status = status or e.status
+        except BrokenPipeError:  # `stackshot prog.py 2>&1 | head`: not worth a message
+            _silence(report)
+    return status
 
 
 def _fail(message: str) -> None:
