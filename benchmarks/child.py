@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional
 
 from . import attribution
 from .workloads import load
@@ -68,15 +68,37 @@ class NoProfiler:
 
 
 class Stackshot:
-    """stackshot's sampler on every thread, analysed with both interval rules."""
+    """stackshot's sampler on every thread, analysed with both interval rules.
 
-    def __init__(self, delay: float) -> None:
+    ``engine`` (``'native'`` or ``'python'``) is asked for twice: in the environment
+    (``STACKSHOT_ENGINE``, set by the harness for the whole process) and as
+    ``create_sampler(..., engine=)``; a sampler without that argument runs its only
+    engine.  The engine the run *used* (``RunInfo.engine``, '' meaning 'python') is
+    what the results record.
+    """
+
+    def __init__(self, delay: float, engine: Optional[str] = None) -> None:
         self.delay = delay
+        self.engine = engine
 
     def start(self) -> None:
         import sampler
 
+        self.t0 = time.perf_counter()
+        if self.engine:
+            try:
+                self.ctl = sampler.create_sampler(sampler.ALL_THREADS, self.delay, engine=self.engine)
+                return
+            except TypeError as e:
+                if "engine" not in str(e):
+                    raise
         self.ctl = sampler.create_sampler(sampler.ALL_THREADS, self.delay)
+
+    def tick_times(self) -> list[float]:
+        """perf_counter times of the samples (every tracked thread's), sorted."""
+        snaps = self.ctl.get_snapshots()
+        start = getattr(self.ctl, "_start", self.t0)
+        return sorted({round(start + s.wall, 6) for s in snaps.samples()})
 
     def stop(self) -> None:
         self.ctl.stop()
@@ -130,6 +152,8 @@ class Stackshot:
             "collector_cpu_share": run.collector_cpu / run.sampling_wall if run.sampling_wall else None,
             "errors": list(run.errors),
             "default_interval": default_interval,
+            "engine": getattr(run, "engine", "") or "python",
+            "engine_requested": self.engine,
         }
         return profiles, stats
 
@@ -233,11 +257,11 @@ def make_profiler(spec: dict) -> Any:
     if kind == "none":
         return NoProfiler()
     if kind == "stackshot":
-        return Stackshot(spec["delay"])
+        return Stackshot(spec["delay"], spec.get("engine"))
     if kind == "pyinstrument":
         return Pyinstrument(spec.get("interval", 0.001))
     if kind == "yappi":
-        return Yappi(greenlets=spec["workload"] == "greenlets")
+        return Yappi(greenlets=spec["workload"] in ("greenlets", "gevent_server"))
     if kind == "cProfile":
         return CProfile()
     raise ValueError(f"unknown in-process profiler {kind!r}")
@@ -259,6 +283,10 @@ def measure(spec: dict) -> dict:
     profiler.stop()
     rss_run = _maxrss_kb()
     profiles, stats = profiler.finish()
+    workload_stats = workload.report(state) if hasattr(workload, "report") else {}
+    intervals = workload_stats.pop("gap_intervals", None)
+    if intervals is not None and hasattr(profiler, "tick_times"):
+        workload_stats.update(match_gaps(intervals, profiler.tick_times(), t0, t0 + elapsed))
     return {
         "elapsed": elapsed,
         "process_cpu": cpu,
@@ -269,8 +297,40 @@ def measure(spec: dict) -> dict:
         "profiles": profiles,
         "stats": stats,
         "threads_left": threading.active_count(),
+        "workload_stats": workload_stats,
         "python": sys.version.split()[0],
     }
+
+
+PREEMPTION_NS = 2_000_000
+"""Pauses longer than this are the OS running another process (a 4 ms time slice is
+typical on these machines), not a sample: left out of the per-tick figure."""
+
+
+def match_gaps(intervals: list, ticks: list[float], start: float, end: float) -> dict:
+    """The program's pauses that contain one of the sampler's ticks (DESIGN.md, "the gap
+    the program sees"): how many of the ticks inside the timed run hit a pause, and the
+    time those pauses took, per tick (pauses over :data:`PREEMPTION_NS` left out)."""
+    import bisect
+
+    inside = [t for t in ticks if start <= t <= end]
+    ns = [round(t * 1e9) for t in inside]
+    slack = 2_000  # the tick's own time stamp is taken a little before or after the hold
+    hit_ticks = 0
+    lost = 0
+    lengths = []
+    for a, b in intervals:
+        lo = bisect.bisect_left(ns, a - slack)
+        hi = bisect.bisect_right(ns, b + slack)
+        if hi > lo and b - a <= PREEMPTION_NS:
+            hit_ticks += hi - lo
+            lost += b - a
+            lengths.append(b - a)
+    lengths.sort()
+    n = max(len(inside), 1)
+    return {"gap_ticks": len(inside), "gap_ticks_hit": hit_ticks / n,
+            "gap_lost_us_per_tick": lost / 1e3 / n,
+            "gap_matched_median_us": lengths[len(lengths) // 2] / 1e3 if lengths else None}
 
 
 def main(argv: list[str]) -> None:
