@@ -19,6 +19,8 @@ from setuptools.command.build_ext import build_ext
 # The C extensions, one entry each: (module name, files); .c files are compiled,
 # .h files are dependencies (a change rebuilds the module).
 EXTENSIONS = [
+    ("sampler._native", ["sampler/_native/engine.c", "sampler/_native/pyframes.h",
+                         "sampler/_native/saferead.h", "sampler/_native/markstacks.h"]),
 ]
 
 

@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any, Hashable, Optional, Sequence
 
-from . import switchinterval
+from . import engines, switchinterval
 from .collector import Collector
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
@@ -67,12 +67,21 @@ def _check_custom_keys(custom_keys: Any) -> tuple:
 class Sampler:
     """The controller of one sampler run.  Create it with :func:`create_sampler`."""
 
-    def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable]) -> None:
+    def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable],
+                 engine: str = "python") -> None:
         self.custom_keys = tuple(custom_keys)
+        self.engine = engine
         self._start_epoch = time.time()
         self._start = time.perf_counter()
         self._recorder = Recorder(self.custom_keys, self._start)
-        self._collector = Collector(Tracker(flatten(to_track)), delay, self._recorder)
+        collector_class: Any = Collector
+        if engine == "native":
+            from .native_engine import NativeCollector
+
+            collector_class = NativeCollector
+        self._collector = collector_class(Tracker(flatten(to_track)), delay, self._recorder)
+        # Only a collector that takes the GIL needs the switch interval lowered.
+        self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
         self._stop_time: Optional[float] = None
         self._forked = False
         # Time and process CPU while not paused (Racket's cpu time), accumulated at
@@ -81,7 +90,7 @@ class Sampler:
         self._process_cpu = 0.0
         self._open_wall: Optional[float] = self._start
         self._open_cpu: Optional[float] = time.process_time()
-        switchinterval.want(id(self), delay)
+        self._want_interval(delay)
         _live.add(self)
         self._collector.start()
 
@@ -118,7 +127,7 @@ class Sampler:
             c.paused += 1
             if c.paused == 1 and not c.stopped:
                 self._close_interval()
-                switchinterval.release(id(self))
+                self._release_interval()
         c.wake()
 
     def resume(self) -> None:
@@ -130,7 +139,7 @@ class Sampler:
             c.paused -= 1
             if c.paused == 0 and not c.stopped:
                 self._open_interval()
-                switchinterval.want(id(self), c.delay)
+                self._want_interval(c.delay)
         c.wake()
 
     def stop(self) -> None:
@@ -144,7 +153,7 @@ class Sampler:
                     self._close_interval()
                 self._stop_time = time.perf_counter()
         if first:
-            switchinterval.release(id(self))
+            self._release_interval()
             c.wake()
         if not self._forked:
             c.join(_STOP_TIMEOUT)
@@ -166,11 +175,14 @@ class Sampler:
         with c.state_lock:
             c.delay = value
             if not c.paused and not c.stopped:
-                switchinterval.want(id(self), value)
+                self._want_interval(value)
         c.wake()
 
     def get_snapshots(self) -> Snapshots:
         """Everything collected so far: a frozen copy, as often as you like."""
+        flush = getattr(self._collector, "flush", None)
+        if flush is not None:
+            flush()  # samples the engine holds natively
         run = self._run_info()
         with self._recorder.lock:
             return self._recorder.snapshot(run)
@@ -212,6 +224,14 @@ class Sampler:
         return f"<Sampler {state}, delay {self.delay}s, {len(self._recorder.sample_thread)} samples>"
 
     # -- accounting ---------------------------------------------------------------
+    def _want_interval(self, delay: float) -> None:
+        if self._lowers_interval:
+            switchinterval.want(id(self), delay)
+
+    def _release_interval(self) -> None:
+        if self._lowers_interval:
+            switchinterval.release(id(self))
+
     def _open_interval(self) -> None:
         self._open_wall = time.perf_counter()
         self._open_cpu = time.process_time()
@@ -239,12 +259,18 @@ class Sampler:
             stackshot=__version__, start_epoch=self._start_epoch, duration=end - self._start,
             sampling_wall=wall, process_cpu=cpu, requested_delay=delay, ticks=c.ticks,
             late_ticks=c.late_ticks, missed_ticks=c.missed_ticks,
-            torn_samples=self._recorder.torn_samples,
+            torn_samples=getattr(c, "torn_samples", self._recorder.torn_samples),
             achieved_rate=c.ticks / wall if wall > 0 else 0.0,
             requested_rate=1 / delay if delay > 0 else math.inf,
             collector_cpu=c.collector_cpu, custom_keys=self.custom_keys, stopped=c.stopped,
-            errors=tuple(self.errors), extra={"forked_child": True} if self._forked else {},
+            errors=tuple(self.errors), extra=self._extra_info(), engine=self.engine,
         )
+
+    def _extra_info(self) -> dict:
+        extra = dict(getattr(self._collector, "extra_info", dict)())
+        if self._forked:
+            extra["forked_child"] = True
+        return extra
 
     def _after_fork_in_child(self) -> None:
         self._forked = True
@@ -260,11 +286,14 @@ def create_sampler(
     custom_keys: Optional[Sequence[Hashable]] = None,
     *,
     use_errortrace: bool = False,
+    engine: Optional[str] = None,
 ) -> Sampler:
     """Start a collector thread sampling ``to_track`` every ``delay`` seconds.
 
     ``to_track`` is a ``threading.Thread``, a :class:`ThreadGroup`, a greenlet,
     :data:`ALL_THREADS`, or a (nested) list of these.  Returns the controller.
+    ``engine`` is ``'native'`` (read frames without the GIL; the default where the
+    extension is built) or ``'python'`` (see :mod:`sampler.engines`).
     Arguments are checked before any thread starts.
     """
     keys = _check_custom_keys(custom_keys)
@@ -275,7 +304,7 @@ def create_sampler(
             "use_errortrace=True (an instrumented shadow stack, seeing C functions too) "
             "is not implemented yet; sample the interpreter's own stack with the default"
         )
-    return Sampler(to_track, value, keys)
+    return Sampler(to_track, value, keys, engines.choose(engine))
 
 
 def _stop_all_at_exit() -> None:

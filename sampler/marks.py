@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import sys
+import time
+from collections import deque
 from types import FrameType
-from typing import Any, Callable, Hashable, Optional, TypeVar
+from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
+
+try:
+    from . import _native
+except ImportError:  # the native engine is not built: marks live on frames only
+    _native = None  # type: ignore[assignment]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,11 +31,44 @@ F = TypeVar("F", bound=Callable[..., Any])
 # one dict lookup per frame it walks; written only by the frame's own thread.
 frame_marks: dict[FrameType, list[tuple[Hashable, Any]]] = {}
 
+# The native engine cannot read frame_marks without the GIL: each extent is also
+# pushed, as an entry id, on the thread's native mark stack (sampler._native), and the
+# id is looked up here when the samples are filed. An id stays known for
+# RETIRED_GRACE seconds after its extent ends, so that samples still buffered by the
+# engine (drained every few milliseconds) can be filed with it.
+RETIRED_GRACE = 5.0
+_entries: dict[int, tuple[Hashable, Any]] = {}
+_retired: deque = deque()  # (time retired, entry id), oldest first
+_next_entry = itertools.count(1)
+
+
+def mark_entries(ids: tuple) -> Iterator[tuple[Hashable, Any]]:
+    """The ``(key, value)`` of each native entry id still known, in order."""
+    for i in ids:
+        entry = _entries.get(i)
+        if entry is not None:
+            yield entry
+
+
+def _native_enter(frame: FrameType, key: Hashable, value: Any) -> int:
+    now = time.monotonic()
+    while _retired and now - _retired[0][0] > RETIRED_GRACE:
+        _entries.pop(_retired.popleft()[1], None)
+    eid = next(_next_entry) & 0xFFFFFFFF or next(_next_entry)
+    _entries[eid] = (key, value)
+    _native.mark_push(frame, eid)
+    return eid
+
+
+def _native_exit(eid: int) -> None:
+    _native.mark_remove(eid)
+    _retired.append((time.monotonic(), eid))
+
 
 class mark:
     """Set ``key`` to ``value`` for a dynamic extent: a context manager and decorator."""
 
-    __slots__ = ("key", "value", "_frames")
+    __slots__ = ("key", "value", "_frames", "_entry_ids")
 
     def __init__(self, key: Hashable, value: Any) -> None:
         try:
@@ -37,14 +78,19 @@ class mark:
         self.key = key
         self.value = value
         self._frames: list[FrameType] = []
+        self._entry_ids: list[int] = []
 
     def __enter__(self) -> "mark":
         frame = sys._getframe(1)
         self._frames.append(frame)
         frame_marks.setdefault(frame, []).append((self.key, self.value))
+        if _native is not None:
+            self._entry_ids.append(_native_enter(frame, self.key, self.value))
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if _native is not None and self._entry_ids:
+            _native_exit(self._entry_ids.pop())
         frame = self._frames.pop()
         entries = frame_marks.get(frame)
         if entries:

@@ -51,7 +51,7 @@ def _line_of(code: CodeType, lasti: int) -> Optional[int]:
     return None
 
 
-def _clock_for(target: Target) -> Optional[int]:
+def clock_for_target(target: Target) -> Optional[int]:
     native_id = target.native_id
     if native_id is None and target.ident is not None:
         # a greenlet, or a thread without a Thread object: find its OS thread
@@ -110,7 +110,7 @@ class Recorder:
         for target, frame in targets:
             ctx = contexts.get(target.key)
             if ctx is None:
-                clock = _clock_for(target)
+                clock = clock_for_target(target)
                 if clock is None and target.native_id is not None:
                     continue  # exited just now
                 ctx = self._new_context(target, clock, wall_us)
@@ -217,14 +217,66 @@ class Recorder:
             self.sample_marks.append(mid)
         self.sample_thread.append(ctx.id)
 
+    # -- entry points for other engines (frames already resolved) -------------------
+    @property
+    def key_index(self) -> dict:
+        """Custom key -> its position in a mark vector."""
+        return self._key_index
+
+    def stack_id(self, frames: Sequence[Frame]) -> int:
+        """Intern a stack of resolved frames, outermost first; 0 for the empty stack."""
+        frame_ids = self._frame_ids
+        sid = 0
+        for frame in frames:
+            fid = frame_ids.get(frame)  # type: ignore[call-overload]
+            if fid is None:
+                fid = len(self._raw_frames)
+                self._raw_frames.append(frame)  # type: ignore[arg-type]
+                frame_ids[frame] = fid  # type: ignore[index]
+            child = self._trie.get((sid, fid))
+            if child is None:
+                child = len(self.stack_frame)
+                self.stack_parent.append(sid)
+                self.stack_frame.append(fid)
+                self._trie[(sid, fid)] = child
+            sid = child
+        return sid
+
+    def context(self, target: Target, clock: Optional[int], wall_us: int,
+                cpu_us: Optional[int] = None) -> _Context:
+        """The context of ``target``, created at ``wall_us`` (and ``cpu_us``) if new."""
+        ctx = self._contexts.get(target.key)
+        if ctx is None:
+            ctx = self._new_context(target, clock, wall_us, cpu_us)
+        return ctx
+
+    def append_sample(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
+                      mark_set: int = 0) -> None:
+        """Record one sample of ``ctx`` (a non-empty stack means it is running)."""
+        if stack_id:
+            ctx.running = True
+        self._append(ctx, stack_id, wall_us, cpu_us, mark_set)
+
+    def mark_set_id(self, marks: tuple) -> int:
+        """Intern a tuple of mark vectors (innermost extent first); 0 for none."""
+        if not marks:
+            return 0
+        mid = self._mark_ids.get(marks, -1)
+        if mid < 0:
+            mid = self._mark_ids[marks] = len(self._mark_sets)
+            self._mark_sets.append(marks)
+        return mid
+
     def _mark_entry(self, key: Hashable, value: Any) -> tuple:
         entry: list[Any] = [None] * len(self.custom_keys)
         entry[self._key_index[key]] = value
         return tuple(entry)
 
-    def _new_context(self, target: Target, clock: Optional[int], wall_us: int) -> _Context:
-        cpu = read_cpu(clock)
-        cpu_us = int(cpu * 1e6) if cpu is not None else 0
+    def _new_context(self, target: Target, clock: Optional[int], wall_us: int,
+                     cpu_us: Optional[int] = None) -> _Context:
+        if cpu_us is None:
+            cpu = read_cpu(clock)
+            cpu_us = int(cpu * 1e6) if cpu is not None else 0
         cid = len(self.threads)
         self.threads.append(ThreadInfo(cid, target.name, target.native_id, target.kind, 0,
                                        wall_us / 1e6, cpu_us / 1e6))
@@ -290,7 +342,11 @@ class Recorder:
     def _resolve_frames(self) -> list[Frame]:
         raw = self._raw_frames
         resolved = self._resolved
-        for code, lasti in raw[len(resolved):]:
+        for item in raw[len(resolved):]:
+            if isinstance(item, Frame):  # resolved by the engine already
+                resolved.append(item)
+                continue
+            code, lasti = item
             resolved.append(Frame(getattr(code, "co_qualname", code.co_name), code.co_filename,
                                   code.co_firstlineno, _line_of(code, lasti)))
         return resolved

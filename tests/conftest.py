@@ -7,3 +7,50 @@ import pytest
 pytest.register_assert_rewrite("doc_examples")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# -- both engines ----------------------------------------------------------------------
+# Every test of the sampler runs once per engine: the native one (a C thread reading
+# frames without the GIL) and its Python twin. The engine is chosen through the
+# environment variable, so subprocesses the tests start use it too. A test that
+# concerns one engine only says so with @pytest.mark.engines("python").
+ENGINE_MODULE_PREFIXES = ("test_sampler_", "test_engine", "test_native", "test_toplevel", "test_docs_sampler")
+
+
+def _native_built() -> bool:
+    try:
+        import sampler._native  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engines(*names): run this sampler test on these engines only")
+
+
+def pytest_generate_tests(metafunc):
+    if "sampler_engine" not in metafunc.fixturenames:
+        return
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if not module.startswith(ENGINE_MODULE_PREFIXES):
+        return
+    marker = metafunc.definition.get_closest_marker("engines")
+    names = marker.args if marker else ("native", "python")
+    metafunc.parametrize("sampler_engine", names, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def sampler_engine(request, monkeypatch):
+    """The engine this test runs on (None outside the sampler's tests)."""
+    name = getattr(request, "param", None)
+    if name is None:
+        yield None
+        return
+    if name == "native" and not _native_built():
+        message = "the native engine is not built here (sampler._native is missing)"
+        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
+            pytest.fail(message + " -- required when STACKSHOT_REQUIRE_NATIVE=1", pytrace=False)
+        pytest.skip(message)
+    monkeypatch.setenv("STACKSHOT_ENGINE", name)
+    yield name

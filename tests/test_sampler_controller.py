@@ -210,6 +210,7 @@ def test_use_errortrace_is_refused_clearly():
         create_sampler([], 0.01, use_errortrace=True)
 
 
+@pytest.mark.engines("python")  # the native engine never waits for the GIL
 def test_lowers_the_switch_interval_only_while_sampling():
     import sys
 

@@ -1,0 +1,837 @@
+/* sampler._native: stackshot's native sampling engine.
+ *
+ * A collector thread of its own (a pthread that never takes the GIL and never calls
+ * the Python API) wakes at absolute deadlines and, for each target thread, reads its
+ * CPU clock and, when the thread has run since its last sample, its frame chain,
+ * with fault-safe reads (saferead.h) decoded with the interpreter's own layouts
+ * (pyframes.h). A sample falls where the thread is at that moment, whether or not it
+ * holds the GIL, and the program is never stopped to be looked at.
+ *
+ * Samples go into the active one of two bounded buffers; `drain()` (called from
+ * Python, with the GIL) swaps them and turns the full one into Python values. A
+ * full buffer drops samples and counts them: memory stays bounded however long
+ * Python takes to drain. Code objects are recorded as addresses with a fingerprint;
+ * `code_at()` turns one back into the code object under the GIL, only if the object
+ * at that address is still a live code object with the same fingerprint.
+ */
+#define PY_SSIZE_T_CLEAN
+#include "pyframes.h"
+#include "markstacks.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define SS_MAX_DEPTH 16384           /* frames kept per sample (innermost first) */
+#define SS_MAX_CHUNKS 512            /* older data-stack chunks looked at per walk */
+#define SS_CHUNK_COPY_MAX (1 << 20)  /* bytes of one data-stack chunk copied at once */
+#define SS_CODE_CACHE 8192           /* code fingerprints remembered per drain epoch */
+#define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
+
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2 };
+
+/* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
+typedef struct {
+    uint32_t ctx;
+    uint32_t flags;
+    int64_t wall_ns;
+    int64_t cpu_ns;
+    uint64_t base;     /* the outermost frame's address */
+    uint32_t nframes;
+    uint32_t nmarks;
+} ss_record;
+
+typedef struct {
+    uint64_t code;
+    int32_t lasti;
+    uint32_t fingerprint;  /* 0: the address did not hold a live code object */
+} ss_entry;
+
+typedef struct {
+    uint32_t ctx;
+    uintptr_t tstate;
+    unsigned long ident;
+    clockid_t clock;
+    int has_clock;
+    int has_last;      /* a sample was taken: an unchanged CPU clock repeats it */
+    int gone;          /* the thread has exited (clock or thread state says so) */
+    int64_t last_cpu;
+} ss_target;
+
+typedef struct {
+    char *data;
+    size_t used;
+    size_t cap;
+} ss_buffer;
+
+typedef struct {
+    uintptr_t addr;
+    uint32_t fingerprint;
+    uint32_t epoch;
+} ss_code_slot;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;      /* guards everything below that the thread shares */
+    pthread_cond_t wake;
+    pthread_t thread;
+    int thread_started;
+    int thread_running;
+    clockid_t thread_clock;
+    int has_thread_clock;
+    double final_cpu;
+    /* steering */
+    int64_t delay_ns;
+    int paused;
+    int stopped;
+    /* targets */
+    ss_target *targets;
+    Py_ssize_t n_targets;
+    int want_marks;
+    /* output */
+    ss_buffer active, spare;
+    uint32_t epoch;
+    /* statistics */
+    uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
+    /* collector-only scratch (never touched by Python) */
+    ss_reader reader;
+    ss_entry *frames;
+    uintptr_t *addrs;          /* the frames' own addresses, for marks */
+    ss_mark *marks_copy;
+    uint32_t *marks_out;
+    char *chunk_copy;          /* the current data-stack chunk, copied */
+    char *older_copy;          /* one older chunk, copied when the walk reaches it */
+    ss_code_slot *codes;
+} Engine;
+
+/* Where the frames of one walk can be decoded from without a read each. */
+typedef struct {
+    uintptr_t lo, hi;             /* the current chunk's copied range */
+    uintptr_t older_lo, older_hi; /* the older chunk in older_copy */
+    int n_older;                  /* older chunk ranges known, -1: not looked up yet */
+    uintptr_t older[SS_MAX_CHUNKS][2];
+} ss_regions;
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int read_clock_ns(clockid_t clock, int64_t *out) {
+    struct timespec ts;
+    if (clock_gettime(clock, &ts) != 0) return -1;
+    *out = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return 0;
+}
+
+/* ---- code fingerprints (collector side) ------------------------------------- */
+
+static uint32_t code_fingerprint(Engine *e, uintptr_t code) {
+    if (code == 0) return 0;
+    size_t h = (size_t)((code >> 4) * 11400714819323198485ULL) & (SS_CODE_CACHE - 1);
+    for (int probe = 0; probe < 8; probe++) {
+        ss_code_slot *slot = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
+        if (slot->epoch == e->epoch && slot->addr == code) return slot->fingerprint;
+        if (slot->epoch != e->epoch) {
+            char window[SS_CODE_WINDOW];
+            uint32_t fp = 0;
+            if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
+            slot->addr = code;
+            slot->fingerprint = fp;
+            slot->epoch = e->epoch;
+            return fp;
+        }
+    }
+    /* the neighbourhood is full this epoch: read without caching */
+    char window[SS_CODE_WINDOW];
+    if (ss_read(&e->reader, window, code, sizeof window) != 0) return 0;
+    return ss_code_fingerprint(window);
+}
+
+/* ---- walking one thread (collector side) ------------------------------------- */
+
+/* Read the stack of thread state `tstate` into e->frames (innermost first).
+ * Returns the depth, or -1 when the thread state could not be read or is no longer
+ * the thread's. Sets *base to the outermost frame's address, *flags. */
+#if PY_VERSION_HEX >= 0x030B0000
+/* The ranges of the older data-stack chunks (each holds the frames of callers that
+ * did not fit in the chunks after it), read from their headers once per walk. */
+static void find_older_chunks(Engine *e, ss_regions *r) {
+    r->n_older = 0;
+    if (r->hi == 0) return;
+    _PyStackChunk header;
+    uintptr_t p = (uintptr_t)((_PyStackChunk *)e->chunk_copy)->previous;
+    while (p && r->n_older < SS_MAX_CHUNKS) {
+        if (ss_read(&e->reader, &header, p, offsetof(_PyStackChunk, data)) != 0) break;
+        uintptr_t lo = p + offsetof(_PyStackChunk, data);
+        r->older[r->n_older][0] = lo;
+        r->older[r->n_older][1] = lo + header.top * sizeof(PyObject *);
+        r->n_older++;
+        p = (uintptr_t)header.previous;
+    }
+}
+#endif
+
+/* The SS_FRAME_SIZE bytes of the frame at addr: from a copied chunk when it lies in
+ * one, else read on their own (generator frames, C-stack shims). NULL when unreadable. */
+static const char *frame_bytes(Engine *e, ss_regions *r, uintptr_t addr, char *own) {
+    if (addr >= r->lo && addr + SS_FRAME_SIZE <= r->hi) return e->chunk_copy + (addr - r->lo);
+    if (addr >= r->older_lo && addr + SS_FRAME_SIZE <= r->older_hi) return e->older_copy + (addr - r->older_lo);
+#if PY_VERSION_HEX >= 0x030B0000
+    if (r->n_older < 0) find_older_chunks(e, r);
+    for (int i = 0; i < r->n_older; i++) {
+        uintptr_t lo = r->older[i][0], hi = r->older[i][1];
+        if (addr >= lo && addr + SS_FRAME_SIZE <= hi && hi - lo <= SS_CHUNK_COPY_MAX) {
+            if (ss_read(&e->reader, e->older_copy, lo, hi - lo) != 0) break;
+            r->older_lo = lo;
+            r->older_hi = hi;
+            return e->older_copy + (addr - lo);
+        }
+    }
+#endif
+    return ss_read(&e->reader, own, addr, SS_FRAME_SIZE) == 0 ? own : NULL;
+}
+
+/* Read the stack of target t into e->frames (innermost first). Returns the depth; -1
+ * when the thread state could not be read or is no longer the thread's; -2 when the
+ * stack changed under the walk (the caller reads again). Sets *base to the outermost
+ * frame's address and *flags. */
+static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) {
+    ss_tstate_view view;
+    if (ss_read_tstate(&e->reader, t->tstate, &view) != 0) return -1;
+    if (view.thread_id != t->ident) return -1;
+    ss_regions r = {0, 0, 0, 0, -1};
+#if PY_VERSION_HEX >= 0x030B0000
+    /* Most frames live in the current data-stack chunk, below its top: copy the
+     * chunk (header and frames) in one read and decode frames from the copy. */
+    if (view.chunk && view.chunk_top > view.chunk && view.chunk_top - view.chunk <= SS_CHUNK_COPY_MAX) {
+        if (ss_read(&e->reader, e->chunk_copy, view.chunk, view.chunk_top - view.chunk) == 0) {
+            r.lo = view.chunk;
+            r.hi = view.chunk_top;
+        }
+    }
+#endif
+    uintptr_t addr = view.top;
+    int depth = 0;
+    *base = 0;
+    *flags = 0;
+    int steps = 0;
+    char own[SS_FRAME_SIZE];
+    while (addr != 0) {
+        if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a cycle: a torn read */
+        const char *bytes = frame_bytes(e, &r, addr, own);
+        if (bytes == NULL) return -2;
+        ss_frame f;
+        ss_decode_frame(bytes, addr, &f);
+        if (!f.skip) {
+            if (depth < SS_MAX_DEPTH) {
+                e->frames[depth].code = f.code;
+                e->frames[depth].lasti = f.lasti;
+                e->frames[depth].fingerprint = 0;
+                e->addrs[depth] = addr;
+                depth++;
+            } else {
+                *flags |= SS_TRUNCATED;
+            }
+            *base = addr;
+        }
+        addr = f.previous;
+    }
+    /* The thread ran while we read: if the frame we took as the top no longer holds
+     * the code we recorded, the stack mixes two moments; the caller reads again. */
+    if (depth > 0 && view.top) {
+        ss_frame again;
+        if (ss_read(&e->reader, own, view.top, sizeof own) != 0) return -2;
+        ss_decode_frame(own, view.top, &again);
+        if (again.code != e->frames[0].code) return -2;
+    }
+    for (int i = 0; i < depth; i++) e->frames[i].fingerprint = code_fingerprint(e, (uintptr_t)e->frames[i].code);
+    return depth;
+}
+
+static void append_record(Engine *e, const ss_record *rec, const ss_entry *frames, const uint32_t *marks) {
+    size_t marks_bytes = ((size_t)rec->nmarks * sizeof(uint32_t) + 7) & ~(size_t)7;
+    size_t need = sizeof *rec + (size_t)rec->nframes * sizeof(ss_entry) + marks_bytes;
+    ss_buffer *b = &e->active;
+    if (b->used + need > b->cap) {
+        e->lost++;
+        return;
+    }
+    char *p = b->data + b->used;
+    memcpy(p, rec, sizeof *rec);
+    p += sizeof *rec;
+    if (rec->nframes) memcpy(p, frames, (size_t)rec->nframes * sizeof(ss_entry));
+    p += (size_t)rec->nframes * sizeof(ss_entry);
+    if (rec->nmarks) memcpy(p, marks, (size_t)rec->nmarks * sizeof(uint32_t));
+    b->used += need;
+    e->samples++;
+}
+
+static void sample_target(Engine *e, ss_target *t, int64_t wall) {
+    int64_t cpu = 0;
+    if (t->gone) return;
+    if (t->has_clock && read_clock_ns(t->clock, &cpu) != 0) {
+        t->gone = 1;  /* the kernel no longer knows the thread */
+        return;
+    }
+    ss_record rec = {t->ctx, 0, wall, cpu, 0, 0, 0};
+    if (t->has_clock && t->has_last && cpu == t->last_cpu) {
+        rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
+        append_record(e, &rec, NULL, NULL);
+        return;
+    }
+    int depth = -2;
+    uint64_t base = 0;
+    uint32_t flags = 0;
+    for (int attempt = 0; attempt < 3 && depth == -2; attempt++) depth = walk(e, t, &base, &flags);
+    e->walks++;
+    if (depth == -2) {
+        e->torn++;
+        return;
+    }
+    if (depth < 0) {
+        e->reads_failed++;
+        return;
+    }
+    rec.flags = flags;
+    rec.base = base;
+    rec.nframes = (uint32_t)depth;
+    if (e->want_marks) {
+        /* The marks of this thread whose frames are on the stack just read, innermost
+         * first (a suspended generator's marks stay on the stack but not its frame). */
+        ss_mark *copied = e->marks_copy;
+        uint32_t n = ss_markstack_copy(t->tstate, copied);
+        uint32_t kept = 0;
+        for (uint32_t i = n; i-- > 0;) {
+            for (int d = 0; d < depth; d++) {
+                if (e->addrs[d] == copied[i].frame) {
+                    e->marks_out[kept++] = copied[i].entry;
+                    break;
+                }
+            }
+        }
+        rec.nmarks = kept;
+    }
+    append_record(e, &rec, e->frames, e->marks_out);
+    t->has_last = 1;
+    t->last_cpu = cpu;
+}
+
+/* ---- the collector thread ------------------------------------------------------ */
+
+static void tick(Engine *e, int64_t now) {
+    for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i], now);
+    e->ticks++;
+}
+
+static void *collector_main(void *arg) {
+    Engine *e = (Engine *)arg;
+    int64_t deadline = 0;
+    pthread_mutex_lock(&e->lock);
+    while (!e->stopped) {
+        if (e->paused) {
+            pthread_cond_wait(&e->wake, &e->lock);
+            deadline = 0;
+            continue;
+        }
+        int64_t now = mono_ns();
+        if (deadline == 0) deadline = now;
+        if (now < deadline) {
+            struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+            pthread_cond_timedwait(&e->wake, &e->lock, &until);
+            continue;
+        }
+        int64_t delay = e->delay_ns;
+        int64_t lateness = now - deadline;
+        if (delay > 0) {
+            if (lateness > delay / 2) e->late_ticks++;
+            if (lateness >= delay) {
+                int64_t skipped = lateness / delay;
+                e->missed_ticks += (uint64_t)skipped;
+                deadline += skipped * delay;
+            }
+        }
+        tick(e, now);
+        deadline += delay > 0 ? delay : 0;
+        if (delay <= 0) {  /* back to back: let the lock go between ticks */
+            pthread_mutex_unlock(&e->lock);
+            sched_yield();
+            pthread_mutex_lock(&e->lock);
+        }
+    }
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) e->final_cpu = ts.tv_sec + ts.tv_nsec * 1e-9;
+    e->thread_running = 0;
+    pthread_mutex_unlock(&e->lock);
+    return NULL;
+}
+
+/* ---- Python interface ---------------------------------------------------------- */
+
+static int init_sync(Engine *e) {
+    pthread_condattr_t attr;
+    if (pthread_mutex_init(&e->lock, NULL) != 0) return -1;
+    if (pthread_condattr_init(&attr) != 0) return -1;
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&e->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+static void free_buffers(Engine *e) {
+    PyMem_RawFree(e->active.data);
+    PyMem_RawFree(e->spare.data);
+    PyMem_RawFree(e->frames);
+    PyMem_RawFree(e->addrs);
+    PyMem_RawFree(e->marks_copy);
+    PyMem_RawFree(e->marks_out);
+    PyMem_RawFree(e->chunk_copy);
+    PyMem_RawFree(e->older_copy);
+    PyMem_RawFree(e->codes);
+    PyMem_RawFree(e->targets);
+    e->active.data = e->spare.data = NULL;
+    e->frames = NULL;
+    e->addrs = NULL;
+    e->marks_copy = NULL;
+    e->marks_out = NULL;
+    e->chunk_copy = NULL;
+    e->older_copy = NULL;
+    e->codes = NULL;
+    e->targets = NULL;
+}
+
+static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
+    static char *names[] = {"delay", "buffer_bytes", "marks", NULL};
+    double delay;
+    Py_ssize_t buffer_bytes = SS_DEFAULT_BUFFER;
+    int marks = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "d|np", names, &delay, &buffer_bytes, &marks)) return -1;
+    if (!(delay >= 0 && delay <= 86400.0)) {
+        PyErr_SetString(PyExc_ValueError, "delay must be between 0 and 86400 seconds");
+        return -1;
+    }
+    if (buffer_bytes < 65536) buffer_bytes = 65536;
+    if (e->active.data != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
+        return -1;
+    }
+    e->delay_ns = (int64_t)(delay * 1e9);
+    e->want_marks = marks;
+    e->active.cap = e->spare.cap = (size_t)buffer_bytes;
+    e->active.data = PyMem_RawMalloc((size_t)buffer_bytes);
+    e->spare.data = PyMem_RawMalloc((size_t)buffer_bytes);
+    e->frames = PyMem_RawMalloc(sizeof(ss_entry) * SS_MAX_DEPTH);
+    e->addrs = PyMem_RawMalloc(sizeof(uintptr_t) * SS_MAX_DEPTH);
+    e->marks_copy = PyMem_RawMalloc(sizeof(ss_mark) * SS_MAX_MARKS);
+    e->marks_out = PyMem_RawMalloc(sizeof(uint32_t) * SS_MAX_MARKS);
+    e->chunk_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
+    e->older_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
+    e->codes = PyMem_RawCalloc(SS_CODE_CACHE, sizeof(ss_code_slot));
+    if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->marks_copy || !e->marks_out ||
+        !e->chunk_copy || !e->older_copy || !e->codes) {
+        free_buffers(e);
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->epoch = 1;
+    ss_reader_init(&e->reader);
+    if (init_sync(e) != 0) {
+        free_buffers(e);
+        PyErr_SetString(PyExc_OSError, "cannot create the engine's lock");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Engine_start(Engine *e, PyObject *unused) {
+    if (e->active.data == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine not initialised");
+        return NULL;
+    }
+    if (e->thread_started) {
+        PyErr_SetString(PyExc_RuntimeError, "the engine's thread was already started");
+        return NULL;
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    /* Block every signal in the collector: the program's handlers must run in its
+     * own threads, and no system call here should be interrupted. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    e->thread_running = 1;
+    int rc = pthread_create(&e->thread, &attr, collector_main, e);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        e->thread_running = 0;
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    e->thread_started = 1;
+    e->has_thread_clock = pthread_getcpuclockid(e->thread, &e->thread_clock) == 0;
+    Py_RETURN_NONE;
+}
+
+/* Lock the engine without holding the GIL hostage for long: the collector holds the
+ * lock only for a tick, and never needs the GIL, so a plain lock cannot deadlock. */
+#define LOCK(e) pthread_mutex_lock(&(e)->lock)
+#define UNLOCK(e) pthread_mutex_unlock(&(e)->lock)
+
+static PyObject *Engine_stop(Engine *e, PyObject *unused) {
+    int join = 0;
+    LOCK(e);
+    e->stopped = 1;
+    join = e->thread_started;
+    e->thread_started = 0;
+    pthread_cond_signal(&e->wake);
+    UNLOCK(e);
+    if (join) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(e->thread, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_set_state(Engine *e, PyObject *args) {
+    double delay;
+    int paused;
+    if (!PyArg_ParseTuple(args, "dp", &delay, &paused)) return NULL;
+    if (!(delay >= 0 && delay <= 86400.0)) {
+        PyErr_SetString(PyExc_ValueError, "delay must be between 0 and 86400 seconds");
+        return NULL;
+    }
+    LOCK(e);
+    e->delay_ns = (int64_t)(delay * 1e9);
+    if (paused && !e->paused) {
+        for (Py_ssize_t i = 0; i < e->n_targets; i++) e->targets[i].has_last = 0;
+    }
+    e->paused = paused;
+    pthread_cond_signal(&e->wake);
+    UNLOCK(e);
+    Py_RETURN_NONE;
+}
+
+/* set_targets([(ctx, tstate, ident, clock or None), ...]) */
+static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "set_targets takes a sequence of tuples");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    ss_target *fresh = PyMem_RawCalloc(n ? (size_t)n : 1, sizeof(ss_target));
+    if (fresh == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *clock = NULL;
+        unsigned long long tstate;
+        unsigned long ident;
+        unsigned int ctx;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKkO", &ctx, &tstate, &ident, &clock)) {
+            PyMem_RawFree(fresh);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        fresh[i].ctx = ctx;
+        fresh[i].tstate = (uintptr_t)tstate;
+        fresh[i].ident = ident;
+        if (clock != Py_None) {
+            long c = PyLong_AsLong(clock);
+            if (c == -1 && PyErr_Occurred()) {
+                PyMem_RawFree(fresh);
+                Py_DECREF(seq);
+                return NULL;
+            }
+            fresh[i].clock = (clockid_t)c;
+            fresh[i].has_clock = 1;
+        }
+    }
+    Py_DECREF(seq);
+    LOCK(e);
+    /* keep what is known of targets that stay (same context, same thread state) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t j = 0; j < e->n_targets; j++) {
+            ss_target *old = &e->targets[j];
+            if (old->ctx == fresh[i].ctx && old->tstate == fresh[i].tstate && old->ident == fresh[i].ident) {
+                fresh[i].has_last = old->has_last;
+                fresh[i].last_cpu = old->last_cpu;
+                fresh[i].gone = old->gone && old->clock == fresh[i].clock;
+                break;
+            }
+        }
+    }
+    ss_target *old = e->targets;
+    e->targets = fresh;
+    e->n_targets = n;
+    UNLOCK(e);
+    PyMem_RawFree(old);
+    Py_RETURN_NONE;
+}
+
+/* drain() -> list of (ctx, flags, wall_ns, cpu_ns, base, frames bytes or None, marks tuple) */
+static PyObject *Engine_drain(Engine *e, PyObject *unused) {
+    ss_buffer full;
+    LOCK(e);
+    full = e->active;
+    e->active = e->spare;
+    e->active.used = 0;
+    e->epoch++;
+    if (e->epoch == 0) e->epoch = 1;
+    UNLOCK(e);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) goto done;
+    size_t pos = 0;
+    while (pos + sizeof(ss_record) <= full.used) {
+        ss_record rec;
+        memcpy(&rec, full.data + pos, sizeof rec);
+        pos += sizeof rec;
+        size_t frames_bytes = (size_t)rec.nframes * sizeof(ss_entry);
+        size_t marks_bytes = ((size_t)rec.nmarks * sizeof(uint32_t) + 7) & ~(size_t)7;
+        PyObject *frames = Py_None;
+        Py_INCREF(Py_None);
+        if (!(rec.flags & SS_REPEAT)) {
+            Py_DECREF(Py_None);
+            frames = PyBytes_FromStringAndSize(full.data + pos, (Py_ssize_t)frames_bytes);
+        }
+        pos += frames_bytes;
+        PyObject *marks = PyTuple_New(rec.nmarks);
+        if (marks != NULL) {
+            const uint32_t *m = (const uint32_t *)(full.data + pos);
+            for (uint32_t i = 0; i < rec.nmarks; i++) {
+                PyObject *v = PyLong_FromUnsignedLong(m[i]);
+                if (v == NULL) {
+                    Py_CLEAR(marks);
+                    break;
+                }
+                PyTuple_SET_ITEM(marks, i, v);
+            }
+        }
+        pos += marks_bytes;
+        PyObject *item = NULL;
+        if (frames != NULL && marks != NULL)
+            item = Py_BuildValue("(IILLKNN)", rec.ctx, rec.flags, (long long)rec.wall_ns, (long long)rec.cpu_ns,
+                                 (unsigned long long)rec.base, frames, marks);
+        else {
+            Py_XDECREF(frames);
+            Py_XDECREF(marks);
+        }
+        if (item == NULL || PyList_Append(out, item) != 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(item);
+    }
+done:
+    LOCK(e);
+    full.used = 0;
+    e->spare = full;
+    UNLOCK(e);
+    return out;
+}
+
+static PyObject *Engine_stats(Engine *e, PyObject *unused) {
+    double cpu = e->final_cpu;
+    LOCK(e);
+    int running = e->thread_running;
+    PyObject *d = Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsisn}", "ticks", (unsigned long long)e->ticks, "late_ticks",
+        (unsigned long long)e->late_ticks, "missed_ticks", (unsigned long long)e->missed_ticks, "torn_samples",
+        (unsigned long long)e->torn, "lost_samples", (unsigned long long)e->lost, "samples",
+        (unsigned long long)e->samples, "walks", (unsigned long long)e->walks, "failed_reads",
+        (unsigned long long)e->reads_failed, "running", running, "buffer_bytes", (Py_ssize_t)e->active.cap);
+    if (running && e->has_thread_clock) {
+        struct timespec ts;
+        if (clock_gettime(e->thread_clock, &ts) == 0) cpu = ts.tv_sec + ts.tv_nsec * 1e-9;
+    }
+    UNLOCK(e);
+    if (d == NULL) return NULL;
+    PyObject *v = PyFloat_FromDouble(cpu);
+    if (v == NULL || PyDict_SetItemString(d, "collector_cpu", v) != 0) {
+        Py_XDECREF(v);
+        Py_DECREF(d);
+        return NULL;
+    }
+    Py_DECREF(v);
+    return d;
+}
+
+/* In a forked child the collector thread does not exist and the lock may be held
+ * by it forever: make the engine inert (stopped, fresh lock, own pid). */
+static PyObject *Engine_forget_after_fork(Engine *e, PyObject *unused) {
+    init_sync(e);
+    e->thread_started = 0;
+    e->thread_running = 0;
+    e->stopped = 1;
+    e->final_cpu = 0.0;
+    ss_reader_close(&e->reader);
+    ss_reader_init(&e->reader);
+    Py_RETURN_NONE;
+}
+
+static void Engine_dealloc(Engine *e) {
+    if (e->thread_started) {
+        LOCK(e);
+        e->stopped = 1;
+        pthread_cond_signal(&e->wake);
+        UNLOCK(e);
+        pthread_join(e->thread, NULL);
+        e->thread_started = 0;
+    }
+    if (e->active.data != NULL) {
+        pthread_mutex_destroy(&e->lock);
+        pthread_cond_destroy(&e->wake);
+    }
+    ss_reader_close(&e->reader);
+    free_buffers(e);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"start", (PyCFunction)Engine_start, METH_NOARGS, "Start the collector thread."},
+    {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Stop the collector thread and wait for it."},
+    {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(delay, paused)"},
+    {"set_targets", (PyCFunction)Engine_set_targets, METH_O,
+     "set_targets([(ctx, tstate, ident, clock or None), ...]): the threads to sample."},
+    {"drain", (PyCFunction)Engine_drain, METH_NOARGS,
+     "drain() -> [(ctx, flags, wall_ns, cpu_ns, base, frames or None, marks)]: the samples so far."},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters and the collector's own CPU seconds."},
+    {"forget_after_fork", (PyCFunction)Engine_forget_after_fork, METH_NOARGS,
+     "In a forked child: make the engine inert."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sampler._native.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Engine(delay, buffer_bytes=4 MiB, marks=False): a native collector thread.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+/* ---- module functions (under the GIL) -------------------------------------------- */
+
+/* thread_states() -> {ident: (tstate address, native id or 0)} for this interpreter */
+static PyObject *thread_states(PyObject *m, PyObject *unused) {
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+#if PY_VERSION_HEX >= 0x030B0000
+        unsigned long native = ts->native_thread_id;
+#else
+        unsigned long native = 0;
+#endif
+        PyObject *k = PyLong_FromUnsignedLong(ts->thread_id);
+        PyObject *v = Py_BuildValue("(Kk)", (unsigned long long)(uintptr_t)ts, native);
+        if (k == NULL || v == NULL || PyDict_SetItem(d, k, v) != 0) {
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(k);
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *frame_address(PyObject *m, PyObject *frame) {
+    if (!PyFrame_Check(frame)) {
+        PyErr_SetString(PyExc_TypeError, "frame_address takes a frame");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong((unsigned long long)ss_frame_object_addr((PyFrameObject *)frame));
+}
+
+/* code_at(address, fingerprint) -> the code object, or None when the object there is
+ * no longer a live code object with that fingerprint (freed, or reused). */
+static ss_reader module_reader;
+
+static PyObject *code_at(PyObject *m, PyObject *args) {
+    unsigned long long addr;
+    unsigned int fp;
+    if (!PyArg_ParseTuple(args, "KI", &addr, &fp)) return NULL;
+    if (fp == 0 || addr == 0) Py_RETURN_NONE;
+    char window[SS_CODE_WINDOW];
+    if (ss_read(&module_reader, window, (uintptr_t)addr, sizeof window) != 0) Py_RETURN_NONE;
+    if (ss_code_fingerprint(window) != fp) Py_RETURN_NONE;
+    /* The GIL is held, so no thread can free the object between this check and the
+     * reference taken here; its name and file were checked to be where they were. */
+    PyObject *code = (PyObject *)(uintptr_t)addr;
+    Py_INCREF(code);
+    return code;
+}
+
+static PyObject *mark_push(PyObject *m, PyObject *args) {
+    PyObject *frame;
+    unsigned int entry;
+    if (!PyArg_ParseTuple(args, "OI", &frame, &entry)) return NULL;
+    if (!PyFrame_Check(frame)) {
+        PyErr_SetString(PyExc_TypeError, "mark_push takes a frame");
+        return NULL;
+    }
+    ss_markstack *s = ss_markstack_of((uintptr_t)PyThreadState_Get());
+    if (s == NULL) return PyErr_NoMemory();
+    ss_mark_push(s, ss_frame_object_addr((PyFrameObject *)frame), entry);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mark_remove(PyObject *m, PyObject *arg) {
+    unsigned long entry = PyLong_AsUnsignedLong(arg);
+    if (entry == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    ss_markstack *s = ss_markstack_of((uintptr_t)PyThreadState_Get());
+    if (s == NULL) return PyErr_NoMemory();
+    return PyBool_FromLong(ss_mark_remove(s, (uint32_t)entry) == 0);
+}
+
+static PyObject *after_fork(PyObject *m, PyObject *unused) {
+    ss_reader_close(&module_reader);
+    ss_reader_init(&module_reader);
+    pthread_mutex_init(&ss_markstacks_lock, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"thread_states", thread_states, METH_NOARGS,
+     "thread_states() -> {ident: (thread state address, native id or 0)}"},
+    {"frame_address", frame_address, METH_O, "The address the engine reports for this frame's frame."},
+    {"code_at", code_at, METH_VARARGS, "code_at(address, fingerprint) -> code object or None"},
+    {"mark_push", mark_push, METH_VARARGS, "mark_push(frame, entry): a mark entered in frame."},
+    {"mark_remove", mark_remove, METH_O, "mark_remove(entry) -> whether it was on this thread's stack."},
+    {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "sampler._native",
+    "stackshot's native sampling engine: reads frames without the GIL.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    ss_reader_init(&module_reader);
+    if (PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL) return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "MAX_DEPTH", SS_MAX_DEPTH);
+    PyModule_AddIntConstant(m, "MAX_MARKS", SS_MAX_MARKS);
+    PyModule_AddIntConstant(m, "REPEAT", SS_REPEAT);
+    PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
+    PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
+    PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
+    return m;
+}

@@ -1,0 +1,114 @@
+/* Per-thread mark stacks: where the native collector finds marks without the GIL.
+ *
+ * `with sampler.mark(key, value):` pushes (frame address, entry id) on the calling
+ * thread's stack here and pops it on exit; the collector, walking that thread's
+ * frames, keeps the entries whose frame is on the stack it read, so a sample carries
+ * exactly the marks of its own frames. The stacks are owned by this module and never
+ * freed (a thread that exits leaves its stack to the next thread with the same
+ * thread state), so the collector reads them with plain loads; a sequence counter,
+ * odd while the owner writes, tells it to read again.
+ */
+#ifndef STACKSHOT_MARKSTACKS_H
+#define STACKSHOT_MARKSTACKS_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define SS_MAX_MARKS 64
+
+typedef struct {
+    uintptr_t frame;  /* the marked frame's address, as the walker reports it */
+    uint32_t entry;   /* the mark's id in sampler.marks */
+} ss_mark;
+
+typedef struct ss_markstack {
+    uintptr_t tstate;          /* owner's thread state */
+    uint32_t seq;              /* odd while the owner writes */
+    uint32_t depth;            /* entries in use (may exceed SS_MAX_MARKS: overflow) */
+    ss_mark marks[SS_MAX_MARKS];
+    struct ss_markstack *next; /* registry list, append-only */
+} ss_markstack;
+
+static ss_markstack *ss_markstacks = NULL;  /* append-only, read without a lock */
+static pthread_mutex_t ss_markstacks_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The calling thread's stack (it holds the GIL), created on first use. */
+static ss_markstack *ss_markstack_of(uintptr_t tstate) {
+    for (ss_markstack *s = __atomic_load_n(&ss_markstacks, __ATOMIC_ACQUIRE); s; s = s->next)
+        if (s->tstate == tstate) return s;
+    ss_markstack *s = calloc(1, sizeof *s);
+    if (s == NULL) return NULL;
+    s->tstate = tstate;
+    pthread_mutex_lock(&ss_markstacks_lock);
+    s->next = ss_markstacks;
+    __atomic_store_n(&ss_markstacks, s, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ss_markstacks_lock);
+    return s;
+}
+
+static inline void ss_markstack_begin(ss_markstack *s) {
+    __atomic_add_fetch(&s->seq, 1, __ATOMIC_ACQ_REL);
+}
+
+static inline void ss_markstack_end(ss_markstack *s) {
+    __atomic_add_fetch(&s->seq, 1, __ATOMIC_RELEASE);
+}
+
+static inline void ss_mark_set(ss_markstack *s, uint32_t i, uintptr_t frame, uint32_t entry) {
+    __atomic_store_n(&s->marks[i].frame, frame, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->marks[i].entry, entry, __ATOMIC_RELAXED);
+}
+
+static void ss_mark_push(ss_markstack *s, uintptr_t frame, uint32_t entry) {
+    ss_markstack_begin(s);
+    if (s->depth < SS_MAX_MARKS) ss_mark_set(s, s->depth, frame, entry);
+    __atomic_store_n(&s->depth, s->depth + 1, __ATOMIC_RELAXED);
+    ss_markstack_end(s);
+}
+
+/* Remove the entry (searching from the top: a generator's mark may sit under marks
+ * pushed after it yielded). Returns 0 when found. */
+static int ss_mark_remove(ss_markstack *s, uint32_t entry) {
+    uint32_t n = s->depth < SS_MAX_MARKS ? s->depth : SS_MAX_MARKS;
+    if (s->depth > SS_MAX_MARKS) {  /* the overflowed entries were never stored */
+        ss_markstack_begin(s);
+        __atomic_store_n(&s->depth, s->depth - 1, __ATOMIC_RELAXED);
+        ss_markstack_end(s);
+        return 0;
+    }
+    for (uint32_t i = n; i-- > 0;) {
+        if (s->marks[i].entry == entry) {
+            ss_markstack_begin(s);
+            for (uint32_t j = i; j + 1 < n; j++) ss_mark_set(s, j, s->marks[j + 1].frame, s->marks[j + 1].entry);
+            __atomic_store_n(&s->depth, s->depth - 1, __ATOMIC_RELAXED);
+            ss_markstack_end(s);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Copy the stack of the thread with this thread state (collector side, no GIL).
+ * Returns the number of entries copied, 0 when it has none or kept changing. */
+static uint32_t ss_markstack_copy(uintptr_t tstate, ss_mark *out) {
+    ss_markstack *s;
+    for (s = __atomic_load_n(&ss_markstacks, __ATOMIC_ACQUIRE); s; s = s->next)
+        if (s->tstate == tstate) break;
+    if (s == NULL) return 0;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        uint32_t before = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        if (before & 1) continue;
+        uint32_t n = __atomic_load_n(&s->depth, __ATOMIC_RELAXED);
+        if (n > SS_MAX_MARKS) n = SS_MAX_MARKS;
+        for (uint32_t i = 0; i < n; i++) {
+            out[i].frame = __atomic_load_n(&s->marks[i].frame, __ATOMIC_RELAXED);
+            out[i].entry = __atomic_load_n(&s->marks[i].entry, __ATOMIC_RELAXED);
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == before) return n;
+    }
+    return 0;
+}
+
+#endif

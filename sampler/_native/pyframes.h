@@ -1,0 +1,202 @@
+/* Everything stackshot knows about CPython's frame layouts, one version per section.
+ *
+ * The native collector reads other threads' stacks without the GIL, so it cannot use
+ * the frame API: it copies the interpreter's own structures with fault-safe reads
+ * and decodes them here. Offsets come from CPython's installed headers (the internal
+ * ones for 3.11+), so they are right by construction for the interpreter being
+ * built against.
+ *
+ *   3.10  tstate->frame: PyFrameObject (f_back, f_code, f_lasti in code units).
+ *   3.11  tstate->cframe->current_frame: _PyInterpreterFrame (previous, f_code,
+ *         prev_instr), frames in data-stack chunks or inside generators.
+ *   3.12  as 3.11, plus shim frames owned by the C stack (owner
+ *         FRAME_OWNED_BY_CSTACK): not Python code, skipped.
+ *   3.13  tstate->current_frame; f_executable (a code object, or something else for
+ *         frames that run no bytecode), instr_ptr (the instruction executing).
+ *
+ * Instruction positions are reported as byte offsets into the code, like
+ * frame.f_lasti, so that code.co_lines() resolves them to lines.
+ */
+#ifndef STACKSHOT_PYFRAMES_H
+#define STACKSHOT_PYFRAMES_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX >= 0x030B0000
+#  ifndef Py_BUILD_CORE
+#    define Py_BUILD_CORE 1
+#    define STACKSHOT_DEFINED_BUILD_CORE
+#  endif
+#  include <internal/pycore_frame.h>
+#  ifdef STACKSHOT_DEFINED_BUILD_CORE
+#    undef Py_BUILD_CORE
+#  endif
+#endif
+
+#include "saferead.h"
+
+#if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
+#  error "stackshot's native engine knows the frame layouts of CPython 3.10 to 3.13 only"
+#endif
+
+/* One frame as the walker needs it. */
+typedef struct {
+    uintptr_t addr;      /* the frame's own address: identifies it (greenlets, marks) */
+    uintptr_t previous;  /* the caller's frame, 0 at the bottom */
+    uintptr_t code;      /* the code object's address (0: not a code frame) */
+    int32_t lasti;       /* byte offset of the instruction, -1 when not started */
+    int skip;            /* 1: not a Python frame (a 3.12+ C-stack shim) */
+} ss_frame;
+
+/* What the walker needs from one thread state. */
+typedef struct {
+    unsigned long thread_id;  /* the pthread id, as threading.get_ident() */
+    unsigned long native_id;  /* the kernel tid (3.11+), 0 when unknown */
+    uintptr_t top;            /* the innermost frame, 0 when none */
+    uintptr_t chunk;          /* 3.11+: the current data-stack chunk (0 on 3.10) */
+    uintptr_t chunk_top;      /* 3.11+: first free byte of that chunk */
+} ss_tstate_view;
+
+/* A field of a structure copied (partly) into bytes: memcpy, so that a copy of just
+ * the fields needed is never read as a whole structure. */
+#define SS_FIELD(bytes, type, field) \
+    ({ __typeof__(((type *)0)->field) _v; \
+       memcpy(&_v, (const char *)(bytes) + offsetof(type, field), sizeof _v); _v; })
+
+/* ---- thread state ------------------------------------------------------------ */
+
+static inline int ss_read_tstate(ss_reader *r, uintptr_t tstate, ss_tstate_view *out) {
+    PyThreadState ts;
+    if (ss_read(r, &ts, tstate, sizeof ts) != 0) return -1;
+    out->thread_id = ts.thread_id;
+#if PY_VERSION_HEX >= 0x030B0000
+    out->native_id = ts.native_thread_id;
+    out->chunk = (uintptr_t)ts.datastack_chunk;
+    out->chunk_top = (uintptr_t)ts.datastack_top;
+#else
+    out->native_id = 0;
+    out->chunk = 0;
+    out->chunk_top = 0;
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    out->top = (uintptr_t)ts.current_frame;
+#elif PY_VERSION_HEX >= 0x030B0000
+    {   /* the current frame hangs off the C frame, which lives on the C stack */
+        _PyCFrame cf;
+        if (ts.cframe == NULL) {
+            out->top = 0;
+        } else {
+            if (ss_read(r, &cf, (uintptr_t)ts.cframe, sizeof cf) != 0) return -1;
+            out->top = (uintptr_t)cf.current_frame;
+        }
+    }
+#else
+    out->top = (uintptr_t)ts.frame;
+#endif
+    return 0;
+}
+
+/* The innermost frame of the calling thread (it holds the GIL): for marks. */
+static inline uintptr_t ss_current_frame_addr(PyThreadState *ts) {
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = ts->current_frame;
+    while (f != NULL && f->owner == FRAME_OWNED_BY_CSTACK) f = f->previous;
+    return (uintptr_t)f;
+#elif PY_VERSION_HEX >= 0x030C0000
+    _PyInterpreterFrame *f = ts->cframe ? ts->cframe->current_frame : NULL;
+    while (f != NULL && f->owner == FRAME_OWNED_BY_CSTACK) f = f->previous;
+    return (uintptr_t)f;
+#elif PY_VERSION_HEX >= 0x030B0000
+    return (uintptr_t)(ts->cframe ? ts->cframe->current_frame : NULL);
+#else
+    return (uintptr_t)ts->frame;
+#endif
+}
+
+/* The address the walker reports for a frame object's frame (under the GIL). */
+static inline uintptr_t ss_frame_object_addr(PyFrameObject *f) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return (uintptr_t)f->f_frame;
+#else
+    return (uintptr_t)f;
+#endif
+}
+
+/* ---- frames ---------------------------------------------------------------------- */
+
+#if PY_VERSION_HEX >= 0x030B0000
+typedef _PyInterpreterFrame ss_raw_frame_t;
+#  define SS_FRAME_SIZE offsetof(_PyInterpreterFrame, localsplus)
+#else
+typedef PyFrameObject ss_raw_frame_t;
+#  define SS_FRAME_SIZE (offsetof(PyFrameObject, f_lasti) + sizeof(int))
+#endif
+
+/* Decode SS_FRAME_SIZE bytes copied from address addr. */
+static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *out) {
+    out->addr = addr;
+    out->skip = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    uintptr_t instr = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, instr_ptr);
+    out->previous = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, previous);
+    out->code = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_executable);
+    out->skip = SS_FIELD(bytes, ss_raw_frame_t, owner) == FRAME_OWNED_BY_CSTACK;
+#elif PY_VERSION_HEX >= 0x030B0000
+    uintptr_t instr = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, prev_instr);
+    out->previous = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, previous);
+    out->code = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_code);
+#  if PY_VERSION_HEX >= 0x030C0000
+    out->skip = SS_FIELD(bytes, ss_raw_frame_t, owner) == FRAME_OWNED_BY_CSTACK;
+#  endif
+#else
+    int lasti = SS_FIELD(bytes, ss_raw_frame_t, f_lasti);
+    out->previous = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_back);
+    out->code = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_code);
+    out->lasti = lasti < 0 ? -1 : lasti * 2;
+#endif
+#if PY_VERSION_HEX >= 0x030B0000
+    out->lasti = out->code && instr
+        ? (int32_t)((intptr_t)instr - (intptr_t)(out->code + offsetof(PyCodeObject, co_code_adaptive)))
+        : -1;
+#endif
+    if (out->lasti < -1) out->lasti = -1;  /* a frame about to start */
+}
+
+/* ---- code objects -------------------------------------------------------------- */
+
+/* The leading part of a code object that holds its fingerprint fields. */
+#define SS_CODE_WINDOW_END \
+    (offsetof(PyCodeObject, co_name) > offsetof(PyCodeObject, co_filename) \
+         ? offsetof(PyCodeObject, co_name) + sizeof(PyObject *) \
+         : offsetof(PyCodeObject, co_filename) + sizeof(PyObject *))
+#define SS_MAX2(a, b) ((a) > (b) ? (a) : (b))
+#define SS_CODE_WINDOW SS_MAX2(SS_CODE_WINDOW_END, SS_MAX2(offsetof(PyCodeObject, co_firstlineno) + sizeof(int), \
+                                                       offsetof(PyCodeObject, co_argcount) + sizeof(int)))
+
+/* A 32-bit fingerprint of a code object from bytes copied at its address, or 0 when
+ * the bytes are not a live code object. It ties a sampled address to the object that
+ * was there: a code object freed and another allocated at the same address gets
+ * another fingerprint unless it has the same name, file, first line and arguments. */
+static inline uint32_t ss_code_fingerprint(const void *bytes) {
+    if (SS_FIELD(bytes, PyObject, ob_type) != &PyCode_Type) return 0;
+    Py_ssize_t rc = SS_FIELD(bytes, PyObject, ob_refcnt);
+    if (rc <= 0 || ((uint64_t)rc > ((uint64_t)1 << 40) && (uint64_t)rc != 0xFFFFFFFFu)) return 0;
+    uint64_t h = 1469598103934665603ULL;
+    uint64_t parts[4] = {(uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_name),
+                         (uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_filename),
+                         (uint64_t)SS_FIELD(bytes, PyCodeObject, co_firstlineno),
+                         (uint64_t)SS_FIELD(bytes, PyCodeObject, co_argcount)};
+    for (int i = 0; i < 4; i++) {
+        h ^= parts[i];
+        h *= 1099511628211ULL;
+        h ^= h >> 29;
+    }
+    uint32_t fp = (uint32_t)(h ^ (h >> 32));
+    return fp ? fp : 1;
+}
+
+#endif
