@@ -145,7 +145,9 @@ def render_markdown(result: dict) -> str:
         lo, hi = e["slowdown_range"]
         return f"{e['slowdown']:.3f}x ({lo:.2f}–{hi:.2f})"
 
-    lines += _table(["workload"] + configs, _config_rows(s, configs, slowdown_cell))
+    lines += _table(["workload", "none/none spread"] + configs,
+                    [row[:1] + [_fmt(s[w]["noise"]["median_abs_deviation"], ".1%", none="–")] + row[1:]
+                     for w, row in zip(s, _config_rows(s, configs, slowdown_cell))])
     lines += ["How noisy the machine was: the same ratio between consecutive *no-profiler* runs "
               "(ideally exactly 1: its typical deviation is the resolution of the table above), "
               "and the share of wall time the unprofiled process had a CPU (1.0 when nothing else ran; "
@@ -294,8 +296,8 @@ def derived_notes(result: dict) -> list[str]:
             notes.append(f"Resolution: two consecutive runs *without* a profiler differed by a median "
                          f"{lo:.1%}–{hi:.1%} depending on the workload, more than the 1% and 3% slowdown "
                          "targets, so the slowdown verdicts are not resolved at this machine load; the "
-                         "collector's own CPU per tick (rate table), spent mostly holding the GIL, is "
-                         "the steadier guide to what the sampler costs.")
+                         "collector's own CPU per tick and the gap it leaves in the program (\"What a "
+                         "sample costs\") are the steadier guides to what the sampler costs.")
     deep = s.get("deep", {}).get("configs", {})
     for c in ours:
         e, limit = deep.get(c, {}), _limit(c)

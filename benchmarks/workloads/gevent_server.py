@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from . import seconds_per_unit
+
 NAME = "gevent_server"
 DESCRIPTION = "gevent StreamServer on loopback: handlers render (Python) + checksum (hashlib) + gevent.sleep"
 PARTS = ("gvs_render_page", "gvs_checksum")
@@ -44,20 +46,11 @@ def gvs_checksum(body: bytes, blob: bytes) -> str:
     return h.hexdigest()
 
 
-def _best(fn: Any, reps: int = 7) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def calibrate(seconds: float) -> dict:
-    rows = max(1, round(1000 * RENDER_SECONDS / _best(lambda: gvs_render_page(1000))))
+    rows = max(1, round(RENDER_SECONDS / seconds_per_unit(gvs_render_page, 1000)))
     probe = bytes(1 << 20)
-    blob = max(1 << 12, round((1 << 20) * CHECKSUM_SECONDS / _best(lambda: gvs_checksum(b"", probe))))
+    per_byte = seconds_per_unit(lambda _: gvs_checksum(b"", probe), 1) / len(probe)
+    blob = max(1 << 12, round(CHECKSUM_SECONDS / per_byte))
     per_request = RENDER_SECONDS + CHECKSUM_SECONDS
     return {"rows": rows, "blob": blob, "requests": max(CONNECTIONS, round(seconds / per_request))}
 

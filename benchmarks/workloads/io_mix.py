@@ -20,6 +20,8 @@ import tempfile
 import time
 from typing import Any
 
+from . import seconds_per_unit
+
 NAME = "io_mix"
 DESCRIPTION = "json.dump of a large document to a buffered file, regex scans, hashlib on big buffers"
 PARTS = ("io_json_dump", "io_regex_scan", "io_hash")
@@ -65,22 +67,13 @@ def io_hash(blocks: list) -> str:
     return hashlib.blake2b(h.digest() + blocks[0]).hexdigest()
 
 
-def _time_each(fn: Any, reps: int = 5) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def calibrate(seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "doc.json")
         doc, text, blocks = _document(200), _text(100_000), [os.urandom(1 << 16) for _ in range(16)]
-        t_json = _time_each(lambda: io_json_dump(doc, path))
-        t_re = _time_each(lambda: io_regex_scan(text))
-        t_hash = _time_each(lambda: io_hash(blocks))
+        t_json = seconds_per_unit(lambda _: io_json_dump(doc, path), 1)
+        t_re = seconds_per_unit(lambda _: io_regex_scan(text), 1)
+        t_hash = seconds_per_unit(lambda _: io_hash(blocks), 1)
     params = {"items": max(1, round(200 * PART_SECONDS / t_json)),
               "chars": max(1000, round(100_000 * PART_SECONDS / t_re)),
               "blocks": max(1, round(16 * PART_SECONDS / t_hash))}

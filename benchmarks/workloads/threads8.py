@@ -9,11 +9,9 @@ whether sampling keeps up.  The truth is each thread's own CPU time
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
-from . import seconds_per_unit
+from .threads import calibrate_units, run_busy_threads
 
 NAME = "threads8"
 DESCRIPTION = "8 busy threads with CPU shares 1:2:...:8, main thread joins"
@@ -65,17 +63,8 @@ WORKERS = (thr8_work_1, thr8_work_2, thr8_work_3, thr8_work_4,
            thr8_work_5, thr8_work_6, thr8_work_7, thr8_work_8)
 
 
-def _timed(fn: Any, n: int, out: dict, start: threading.Event) -> None:
-    start.wait()
-    t0 = time.thread_time()
-    fn(n)
-    out[fn.__name__] = time.thread_time() - t0
-
-
 def calibrate(seconds: float) -> dict:
-    unit = seconds_per_unit(thr8_spin, 300_000)
-    base = seconds / sum(WEIGHTS) / unit
-    return {"units": [round(base * w) for w in WEIGHTS]}
+    return {"units": calibrate_units(thr8_spin, WEIGHTS, seconds)}
 
 
 def setup(params: dict) -> Any:
@@ -83,16 +72,7 @@ def setup(params: dict) -> Any:
 
 
 def thr8_main(units: list) -> dict:
-    out: dict = {}
-    start = threading.Event()
-    workers = [threading.Thread(target=_timed, args=(fn, n, out, start), name=fn.__name__)
-               for fn, n in zip(WORKERS, units)]
-    for w in workers:
-        w.start()
-    start.set()
-    for w in workers:
-        w.join()
-    return out
+    return run_busy_threads(WORKERS, units)
 
 
 def run(state: Any) -> dict:
