@@ -310,27 +310,39 @@ typical on these machines), not a sample: left out of the per-tick figure."""
 def match_gaps(intervals: list, ticks: list[float], start: float, end: float) -> dict:
     """The program's pauses that contain one of the sampler's ticks (DESIGN.md, "the gap
     the program sees"): how many of the ticks inside the timed run hit a pause, and the
-    time those pauses took, per tick (pauses over :data:`PREEMPTION_NS` left out)."""
+    time those pauses took, per tick (pauses over :data:`PREEMPTION_NS` left out).
+
+    The same figures for the ticks moved by half their spacing (``gap_chance_*``) are
+    the control: how often a moment unrelated to any tick falls in a pause (the OS
+    running something else on a loaded machine), to read the figures against.
+    """
+    inside = [t for t in ticks if start <= t <= end]
+    spacing = sorted(b - a for a, b in zip(inside, inside[1:]))
+    half = spacing[len(spacing) // 2] / 2 if spacing else 0.0
+    out = {"gap_ticks": len(inside)}
+    for prefix, shift in (("gap_", 0.0), ("gap_chance_", half)):
+        hit, lost, lengths = _pauses_at([round((t + shift) * 1e9) for t in inside], intervals)
+        n = max(len(inside), 1)
+        lengths.sort()
+        out.update({prefix + "ticks_hit": hit / n, prefix + "lost_us_per_tick": lost / 1e3 / n,
+                    prefix + "matched_median_us": lengths[len(lengths) // 2] / 1e3 if lengths else None})
+    return out
+
+
+def _pauses_at(ns: list[int], intervals: list) -> tuple[int, int, list]:
+    """How many of the (sorted) times ``ns`` fall in a pause, the pauses' total and lengths."""
     import bisect
 
-    inside = [t for t in ticks if start <= t <= end]
-    ns = [round(t * 1e9) for t in inside]
     slack = 2_000  # the tick's own time stamp is taken a little before or after the hold
-    hit_ticks = 0
-    lost = 0
-    lengths = []
+    hit, lost, lengths = 0, 0, []
     for a, b in intervals:
         lo = bisect.bisect_left(ns, a - slack)
         hi = bisect.bisect_right(ns, b + slack)
         if hi > lo and b - a <= PREEMPTION_NS:
-            hit_ticks += hi - lo
+            hit += hi - lo
             lost += b - a
             lengths.append(b - a)
-    lengths.sort()
-    n = max(len(inside), 1)
-    return {"gap_ticks": len(inside), "gap_ticks_hit": hit_ticks / n,
-            "gap_lost_us_per_tick": lost / 1e3 / n,
-            "gap_matched_median_us": lengths[len(lengths) // 2] / 1e3 if lengths else None}
+    return hit, lost, lengths
 
 
 def main(argv: list[str]) -> None:

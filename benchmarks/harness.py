@@ -488,7 +488,9 @@ def _gap_figures(rs: list) -> dict:
             "gap_excess_us_per_tick": _median(per_tick),
             "gap_lost_us_per_tick": _median([x.get("gap_lost_us_per_tick") for x in ws]),
             "gap_ticks_hit": _median([x.get("gap_ticks_hit") for x in ws]),
-            "gap_matched_median_us": _median([x.get("gap_matched_median_us") for x in ws])}
+            "gap_matched_median_us": _median([x.get("gap_matched_median_us") for x in ws]),
+            "gap_chance_ticks_hit": _median([x.get("gap_chance_ticks_hit") for x in ws]),
+            "gap_chance_lost_us_per_tick": _median([x.get("gap_chance_lost_us_per_tick") for x in ws])}
 
 
 def stackshot_configs(configs: list[str]) -> list[str]:

@@ -14,6 +14,11 @@ def _fmt(x: Optional[float], spec: str, suffix: str = "", none: str = "–") -> 
     return none if x is None else f"{x:{spec}}{suffix}"
 
 
+def _paren(x: Optional[float], spec: str, suffix: str = "") -> str:
+    """`` (x)`` formatted, or nothing when ``x`` is None."""
+    return "" if x is None else f" ({x:{spec}}{suffix})"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -375,7 +380,9 @@ def _issue9_sections(result: dict) -> list[str]:
         lines += ["The gap it leaves in the program (`gap`: a leaf loop recording every pause "
                   "> 10 µs between its iterations with `perf_counter_ns`). *Hit*: the share of the "
                   "sampler's ticks that fell inside a pause of the loop; *lost/tick*: the time of those "
-                  "pauses per tick (pauses over 2 ms, the OS running another process, left out); "
+                  "pauses per tick (pauses over 2 ms, the OS running another process, left out); in "
+                  "brackets, the same for moments half a tick away from each tick (chance: pauses the "
+                  "ticks did not cause, on a loaded machine); "
                   "*excess/tick*: all pauses of the run minus those of the paired no-profiler run, per "
                   "tick (py-spy: per sample); *excess*: the same as a share of the run (noisier: the OS "
                   "preempts the loop too). Unprofiled, the loop paused for "
@@ -385,7 +392,9 @@ def _issue9_sections(result: dict) -> list[str]:
             e = gap["configs"].get(c)
             if not e:
                 continue
-            rows.append([c, _fmt(e.get("gap_ticks_hit"), ".0%"), _fmt(e.get("gap_lost_us_per_tick"), ".1f", " µs"),
+            rows.append([c, _fmt(e.get("gap_ticks_hit"), ".0%") + _paren(e.get("gap_chance_ticks_hit"), ".0%"),
+                         _fmt(e.get("gap_lost_us_per_tick"), ".1f", " µs")
+                         + _paren(e.get("gap_chance_lost_us_per_tick"), ".1f", " µs"),
                          _fmt(e.get("gap_matched_median_us"), ".1f", " µs"),
                          _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"),
                          _fmt(e.get("gap_excess_share"), "+.1%")])
