@@ -23,7 +23,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 from .graph import NodeInfo, StackRow
 from .markfilter import MISSING
-from .weights import interval_weights
+from .weights import clock_deltas, interval_weights
 
 _FLAT_LIMIT = 1 << 22  # sum into a flat list up to this many keys, a dict beyond
 
@@ -64,7 +64,7 @@ def aggregate(
     weighted -- they bound their neighbours' intervals -- but add nothing to any row,
     thread time or sample count.
     """
-    deltas = snapshots.cpu_deltas() if clock == "cpu" else snapshots.wall_deltas()
+    deltas = clock_deltas(snapshots, clock, interval)
     thread_col, stack_col = snapshots.sample_thread, snapshots.sample_stack
     n = len(thread_col)
     n_stacks = len(snapshots.stack_frame)
@@ -127,7 +127,7 @@ def aggregate(
         else:
             for k, w in zip(keys, weights):
                 acc[k] += w
-    elif interval == "end":
+    elif interval != "midpoint":  # 'end', and 'active' on its moved deltas
         for k, d in zip(keys, deltas):
             acc[k] += d
         single = _single_sample_threads(thread_col, wanted)

@@ -17,13 +17,27 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 _current: contextvars.ContextVar[Optional["ThreadGroup"]] = contextvars.ContextVar(
     "stackshot_thread_group", default=None
 )
 _original_start = None
 _install_lock = threading.Lock()
+
+# Called in a thread as it starts running, when it is a group member or a tracked
+# thread that had not started when tracking began: an engine that learns of threads
+# only now and then (the native one) sees it from its first instruction.
+start_listeners: "set[Callable[[], None]]" = set()
+
+
+def notify_started() -> None:
+    """Tell every listener that the calling thread has just started."""
+    for listener in list(start_listeners):
+        try:
+            listener()
+        except Exception:  # a profiler's trouble never reaches the program
+            pass
 
 
 def _install_start_hook() -> None:
@@ -42,6 +56,7 @@ def _install_start_hook() -> None:
 
             def run_in_group() -> None:
                 _current.set(group)
+                notify_started()
                 inner_run()
 
             self.run = run_in_group  # type: ignore[method-assign]

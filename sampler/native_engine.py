@@ -18,6 +18,7 @@ joining a :class:`~sampler.groups.ThreadGroup` or appearing under ``ALL_THREADS`
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import time
@@ -26,13 +27,19 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import read_cpu, thread_clock_id
+from .groups import notify_started, start_listeners
 from .marks import mark_entries
 from .recorder import Recorder, clock_for_target
 from .snapshot import Frame
 from .tracking import Target, Tracker, collector_idents
 
 REFRESH = 0.02
-"""Seconds between the feeder's turns (each takes the GIL once)."""
+"""Seconds between the feeder's turns (each takes the GIL once) while the set of
+threads to read can change on its own (``ALL_THREADS``, groups, greenlets)."""
+
+REFRESH_STATIC = 0.1
+"""Seconds between turns when only started threads are tracked: nothing to look up,
+only samples to file (a turn costs the program ~0.2 ms of GIL time)."""
 
 MAX_KEY_CACHE_BYTES = 16 << 20
 """Bytes of raw stacks remembered to skip re-interning a stack seen before."""
@@ -44,44 +51,85 @@ _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
 
 
 class _Resolver:
-    """Turns sampled code addresses into :class:`Frame` values, under the GIL.
+    """Turns sampled code addresses into :class:`Frame` values.
 
-    An address is resolved only through ``_native.code_at``, which hands back the
-    object there only if it is still a live code object with the fingerprint taken
-    when the sample was read; the code object is dropped at once (a profile keeps
-    names and lines, never code, so a program that keeps making code keeps none of
-    it alive). An address whose code was freed before it could be resolved becomes
-    ``<unknown code>`` and is counted.
+    It never touches a sampled address: the object there may have been freed since
+    the sample. The C thread sends, once per code object it meets (and again when
+    another object is met at the same address), a copy of what a profile needs: the
+    qualified name, the file, the first line and the line table. Lines are looked up
+    in that table through a stand-in code object that has nothing else of the
+    original. A profile therefore keeps no code object alive, and a program that
+    keeps making code keeps none of its code through the profiler.
     """
 
-    def __init__(self) -> None:
+    MAX_CODES = 200_000  # then forget them all; the C thread sends them again
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._codes: dict[tuple[int, int], tuple[str, str, int, Any]] = {}
         self._frames: dict[tuple[int, int, int], Frame] = {}
         self.unresolved = 0
+
+    def learn(self, codes: list) -> None:
+        """File the code copies of one drain (before its samples)."""
+        if len(self._codes) + len(codes) > self.MAX_CODES:
+            self._codes.clear()
+            self._frames.clear()
+            self._engine.forget_codes()
+        for addr, fp, firstlineno, code_bytes, name_kind, name, file_kind, filename, table in codes:
+            self._codes[(addr, fp)] = (_text(name, name_kind) or "<unknown>", _text(filename, file_kind),
+                                       firstlineno, _line_table(code_bytes, firstlineno, table))
 
     def frame(self, code_addr: int, lasti: int, fingerprint: int) -> Frame:
         key = (code_addr, fingerprint, lasti)
         found = self._frames.get(key)
         if found is not None:
             return found
-        code = _native.code_at(code_addr, fingerprint)
+        code = self._codes.get((code_addr, fingerprint))
         if code is None:
             self.unresolved += 1
-            return _UNKNOWN  # not cached: the next drain may still find it live
-        found = Frame(getattr(code, "co_qualname", code.co_name), code.co_filename, code.co_firstlineno,
-                      _line_of(code, lasti))
-        del code
-        if len(self._frames) > 1_000_000:
-            self._frames.clear()
-        self._frames[key] = found
+            return _UNKNOWN
+        name, filename, firstlineno, lines = code
+        found = self._frames[key] = Frame(name, filename, firstlineno, _line_of(lines, firstlineno, lasti))
         return found
 
 
-def _line_of(code: Any, lasti: int) -> Optional[int]:
+def _text(raw: bytes, kind: int) -> str:
+    """A copied string's characters (1, 2 or 4 bytes each) as text."""
+    if kind == 1:
+        return raw.decode("latin-1")
+    return raw.decode("utf-16-le" if kind == 2 else "utf-32-le", errors="replace")
+
+
+def _template() -> None:
+    pass
+
+
+_NO_TABLE = {"co_exceptiontable": b""} if sys.version_info >= (3, 11) else {}
+
+
+def _line_table(code_bytes: int, firstlineno: int, table: bytes) -> Optional[Any]:
+    """A stand-in code object carrying a copied line table (for ``co_lines``)."""
+    if not table or code_bytes <= 0 or code_bytes % 2:
+        return None
+    try:
+        return _template.__code__.replace(co_code=bytes(code_bytes), co_linetable=table,
+                                          co_firstlineno=firstlineno, **_NO_TABLE)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
+def _line_of(lines: Optional[Any], firstlineno: int, lasti: int) -> Optional[int]:
     if lasti < 0:
-        return code.co_firstlineno
-    for start, end, line in code.co_lines():
-        if start <= lasti < end:
-            return line
+        return firstlineno
+    if lines is None:
+        return None
+    try:
+        for start, end, line in lines.co_lines():
+            if start <= lasti < end:
+                return line
+    except (ValueError, SystemError):  # a torn copy of a table
+        return None
     return None
 
 
@@ -120,7 +168,7 @@ class NativeCollector:
         self.error_count = 0
         self.errors: list[str] = []
         self._engine = _native.Engine(delay, marks=bool(recorder.custom_keys))
-        self._resolver = _Resolver()
+        self._resolver = _Resolver(self._engine)
         self._slots: dict[int, _Slot] = {}  # slot number -> slot (this turn's and the last)
         self._previous: set[int] = set()
         self._slot_of: dict[int, int] = {}  # ident -> slot number
@@ -130,11 +178,14 @@ class NativeCollector:
         self._greenlet_bases: dict[Any, int] = {}
         self._applied: tuple = (None, None)
         self._tracker_applied: Optional[Tracker] = None
+        self._static = False  # the tracked set cannot change by itself (see _refresh_targets)
         self._stats_after_stop: Optional[dict] = None
         self._forked = False
+        self._draining: Optional[int] = None  # the thread filing samples now
 
     # -- the collector interface --------------------------------------------------
     def start(self) -> None:
+        start_listeners.add(self._thread_started)
         self._refresh_targets()
         self._engine.start()
         self.ident = realthreads.start_new_thread(self._main, ())
@@ -163,9 +214,16 @@ class NativeCollector:
         return False
 
     def flush(self) -> None:
-        """File every sample taken so far (the controller calls this before a snapshot)."""
-        if not self._forked:
-            self._drain()
+        """File every sample taken so far (the controller calls this before a snapshot).
+
+        Called again on a thread that is already filing (a signal handler asking for
+        the profile in the middle of a drain), it files nothing: the outer drain is
+        half way through older samples, which must go first."""
+        if not self._forked and self._draining != realthreads.get_ident():
+            try:
+                self._drain()
+            except Exception:  # the collector's trouble, kept, never the program's
+                self._record_error()
 
     def reset_after_fork(self) -> None:
         """In a forked child neither thread exists: keep what was filed, stop for good."""
@@ -231,15 +289,17 @@ class NativeCollector:
                 if paused:
                     self._wake.acquire()
                     continue
-                self._wake.acquire(timeout=REFRESH)
+                self._wake.acquire(timeout=REFRESH_STATIC if self._static else REFRESH)
                 try:
-                    self._refresh_targets()
+                    if not self._static:
+                        self._refresh_targets()
                     self._drain()
                 except Exception:
                     self._record_error()
         except BaseException:  # never let anything reach the program
             self._record_error()
         finally:
+            start_listeners.discard(self._thread_started)
             try:
                 self._engine.stop()
                 self._stats_after_stop = self._engine.stats()
@@ -260,6 +320,26 @@ class NativeCollector:
             self.errors.append(traceback.format_exc())
 
     # -- what to read ----------------------------------------------------------------
+    def _thread_started(self) -> None:
+        """A group member or a tracked thread starts: read it from now on."""
+        with self.state_lock:
+            running = not (self.stopped or self.paused)
+        if running:
+            self._refresh_targets()
+
+    def _watch_unstarted(self, tracker: Tracker) -> None:
+        """Tracked threads not started yet announce their start (see groups)."""
+        for t in tracker.threads:
+            if t.ident is None and not getattr(t, "_stackshot_announces", False):
+                inner_run = t.run
+
+                def run_and_announce(inner_run: Any = inner_run) -> None:
+                    notify_started()
+                    inner_run()
+
+                t.run = run_and_announce  # type: ignore[method-assign]
+                t._stackshot_announces = True  # type: ignore[attr-defined]
+
     def _refresh_targets(self) -> None:
         """Give the C thread the OS threads to read now.
 
@@ -268,7 +348,13 @@ class NativeCollector:
         with self.state_lock:
             tracker = self.tracker
         with self.recorder.lock:
+            if tracker is not self._tracker_applied:
+                self._watch_unstarted(tracker)
             self._tracker_applied = tracker
+            # Started threads alone never change what is read (a thread that exits
+            # is dropped by the C thread itself): no need to look again each turn.
+            self._static = not (tracker.all_threads or tracker.groups or tracker.greenlets) and all(
+                t.ident is not None for t in tracker.threads)
             frames = sys._current_frames()
             pairs = tracker.targets(frames)
             states = _native.thread_states()
@@ -331,33 +417,42 @@ class NativeCollector:
 
     # -- filing the samples -------------------------------------------------------------
     def _drain(self) -> None:
+        with self.recorder.lock:  # held across the drain: samples are filed in order
+            self._draining = realthreads.get_ident()
+            try:
+                self._file(*self._engine.drain())
+            finally:
+                self._draining = None
+
+    def _file(self, samples: list, codes: list) -> None:
+        """File one drain's samples under their threads and greenlets."""
         recorder = self.recorder
         start_us = recorder.start * 1e6
-        with recorder.lock:  # held across the drain: samples are filed in order
-            samples = self._engine.drain()
-            for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
-                slot = self._slots.get(number)
-                if slot is None:
-                    continue
-                wall_us = int(wall_ns / 1000 - start_us)
-                cpu_us = cpu_ns // 1000
-                if raw is None:  # the thread did not run since its last sample
-                    sid, base, mid = slot.last_stack, slot.last_base, slot.last_marks
-                else:
-                    sid = self._stack_id(raw, flags)
-                    mid = self._mark_set(marks) if marks else 0
-                    slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
-                if slot.thread is not None:
-                    ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+        if codes:
+            self._resolver.learn(codes)
+        for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
+            slot = self._slots.get(number)
+            if slot is None:
+                continue
+            wall_us = int(wall_ns / 1000 - start_us)
+            cpu_us = cpu_ns // 1000
+            if raw is None:  # the thread did not run since its last sample
+                sid, base, mid = slot.last_stack, slot.last_base, slot.last_marks
+            else:
+                sid = self._stack_id(raw, flags)
+                mid = self._mark_set(marks) if marks else 0
+                slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
+            if slot.thread is not None:
+                ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
+                recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
+            for target, gbase in slot.greenlets:
+                ctx = recorder.context(target, None, wall_us, cpu_us)
+                if gbase == base and sid:
                     recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-                for target, gbase in slot.greenlets:
-                    ctx = recorder.context(target, None, wall_us, cpu_us)
-                    if gbase == base and sid:
-                        recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-                    elif ctx.running and not getattr(target.key, "dead", False):
-                        # switched out: close its interval once
-                        recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
-                        ctx.running = False
+                elif ctx.running and not getattr(target.key, "dead", False):
+                    # switched out: close its interval once
+                    recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
+                    ctx.running = False
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)
@@ -389,3 +484,7 @@ class NativeCollector:
                 vector[i] = value
                 vectors.append(tuple(vector))
         return recorder.mark_set_id(tuple(vectors))
+
+
+if hasattr(os, "register_at_fork"):  # the module's own locks, in a forked child
+    os.register_at_fork(after_in_child=_native.after_fork)

@@ -114,6 +114,9 @@ class Recorder:
                 if clock is None and target.native_id is not None:
                     continue  # exited just now
                 ctx = self._new_context(target, clock, wall_us)
+            elif ctx.clock is None and target.ident is not None:
+                # a greenlet first seen switched out, before its thread was known
+                ctx.clock = clock_for_target(target)
             if frame is None:
                 # A greenlet that is not running: close its interval once.
                 if ctx.running:

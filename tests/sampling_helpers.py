@@ -16,6 +16,16 @@ def spin(seconds: float) -> int:
     return n
 
 
+def spin_until_sampled(ctl, samples: int = 5, timeout: float = 20.0) -> None:
+    """Burn CPU in Python until ``ctl`` holds ``samples`` samples: as long as the
+    machine needs to let the collector run (never a fixed time a loaded machine may
+    not honour), and never longer than ``timeout``."""
+    end = time.perf_counter() + timeout
+    while len(ctl.get_snapshots()) < samples:
+        assert time.perf_counter() < end, f"fewer than {samples} samples after {timeout} s"
+        spin(0.005)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
     """Poll ``predicate``; fail the test (never hang) after ``timeout`` seconds."""
     end = time.monotonic() + timeout

@@ -173,6 +173,31 @@ def test_interval_end_charges_the_sample_that_ends_the_gap():
     assert end.interval == "end"
 
 
+def test_cpu_spent_before_a_thread_blocks_goes_to_where_it_ran():
+    """The ``bursty`` shape, sampled where the thread really is: 3 ms of work in A,
+    then a sleep called from main. The interval that ends at the first sample in the
+    sleep holds the tail of A's work (the thread was idle right after: no CPU in the
+    next interval), so 'active' charges it to A; 'end' gives it to the sleep's caller.
+    """
+    # thread, cpu, wall, stack
+    rows = [("t", 0.000, 0.000, ["A", "main"]), ("t", 0.001, 0.001, ["A", "main"]),
+            ("t", 0.002, 0.002, ["A", "main"]),
+            ("t", 0.0025, 0.003, ["main"]),  # asleep: A ran until 2.5 ms
+            ("t", 0.0025, 0.004, ["main"]), ("t", 0.0025, 0.005, ["main"]),
+            ("t", 0.0030, 0.006, ["A", "main"])]  # awake again, in A
+    s = snapshots(rows)
+    active = analyze_samples(s)
+    end = analyze_samples(s, interval="end")
+    assert active.interval == "active"
+    assert close(active.find("A").self, 0.0030) and close(active.find("main").self, 0.0)
+    assert close(end.find("A").self, 0.0025) and close(end.find("main").self, 0.0005)
+    assert close(active.total_time, end.total_time)
+    assert_balanced(active)
+    assert sample_weights(s) == pytest.approx([0.0, 0.001, 0.0015, 0.0, 0.0, 0.0, 0.0005])
+    # wall time is not moved: the sleep is where the thread spent it
+    assert close(analyze_samples(s, weight="wall").find("main").self, 0.003)
+
+
 def test_a_long_gil_holding_call_goes_to_the_sample_after_it_by_default():
     """The measured shape (benchmarks/RESULTS.md, workload ``gil_call``).
 
@@ -196,8 +221,9 @@ def test_a_long_gil_holding_call_goes_to_the_sample_after_it_by_default():
     # the midpoint rule splits it: half goes to A, which was elsewhere
     assert close(mid.find("A").total, 0.0515) and close(mid.find("B").total, 0.0515)
     assert mid.interval == "midpoint"
-    # for snapshots the default is 'end', and the profile records it
-    assert default.interval == "end"
+    # for snapshots the default is 'active', which is 'end' where the thread runs
+    # throughout, and the profile records it
+    assert default.interval == "active"
     assert [(n.id, n.total, n.self) for n in default.nodes] == \
         [(n.id, n.total, n.self) for n in end.nodes]
     assert_balanced(default) and assert_balanced(mid)
@@ -206,12 +232,12 @@ def test_a_long_gil_holding_call_goes_to_the_sample_after_it_by_default():
     assert export_weights(s) == pytest.approx([0.0, 0.001, 0.100, 0.001])
     assert export_weights(s, interval="midpoint") == pytest.approx([0.001, 0.0505, 0.0505, 0.001])
     assert analyze_by_mark(snapshots([r + ([{"k": 1}],) for r in rows], custom_keys=["k"]),
-                           "k")[1].interval == "end"
+                           "k")[1].interval == "active"
     # the rule travels through JSON; merging keeps it, or says the rules were mixed
     back = json_to_profile(profile_to_json(default))
-    assert back.interval == "end" and close(back.find("B").total, 0.101)
-    assert merge(default, end).interval == "end"
-    assert merge(default, mid).interval == "mixed"
+    assert back.interval == "active" and close(back.find("B").total, 0.101)
+    assert merge(default, analyze_samples(s)).interval == "active"
+    assert merge(default, end).interval == "mixed"
     # Racket's raw shape keeps Racket's rule by default (ms, newest first)
     raw = (102, [(0, 102, ("B", None), ("main", None)), (0, 101, ("B", None), ("main", None)),
                  (0, 1, ("A", None), ("main", None)), (0, 0, ("A", None), ("main", None))])

@@ -33,8 +33,15 @@ def test_a_tracked_greenlet_is_sampled_only_while_it_runs():
     other = greenlet.greenlet(other_work)
     tracked.switch()  # start it, so that the sampler sees where it lives
     ctl = create_sampler(tracked, 0.0005)
+    waited = False
     while not tracked.dead:
         tracked.switch()
+        if not waited and len(ctl.get_snapshots()) > 0:
+            # it ran and was sampled; now it is switched out: let the sampler tick
+            # (however loaded the machine), so that it sees it switched out
+            ticks = ctl.get_snapshots().runs[0].ticks
+            wait_until(lambda: ctl.get_snapshots().runs[0].ticks > ticks + 2)
+            waited = True
         if not other.dead:
             other.switch()
     ctl.stop()

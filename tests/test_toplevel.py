@@ -21,6 +21,7 @@ from sampler.toplevel import (
     trim_snapshots,
 )
 from run_helpers import REPO, spin
+from sampling_helpers import spin_until_sampled
 from snapshot_builders import snapshots as build_snapshots
 
 SAMPLER_DIR = os.path.join(REPO, "sampler") + os.sep
@@ -244,7 +245,7 @@ def test_a_renderer_returning_text_has_it_printed(capsys):
 def test_with_profile_leaves_the_profile_in_p():
     with profile(render=None) as p:
         assert isinstance(p, Profiler) and p.sampler is not None and p.profile is None
-        spin(0.05)
+        spin_until_sampled(p.sampler)
     assert p.sampler is None
     assert isinstance(p.profile, Profile)
     assert "spin" in names(p.profile)

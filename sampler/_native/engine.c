@@ -28,20 +28,38 @@
 #define SS_MAX_CHUNKS 512            /* older data-stack chunks looked at per walk */
 #define SS_CHUNK_COPY_MAX (1 << 20)  /* bytes of one data-stack chunk copied at once */
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered per drain epoch */
+#define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 
 enum { SS_REPEAT = 1, SS_TRUNCATED = 2 };
+enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
 typedef struct {
+    uint32_t tag;      /* SS_TAG_SAMPLE */
     uint32_t ctx;
     uint32_t flags;
+    uint32_t nframes;
     int64_t wall_ns;
     int64_t cpu_ns;
     uint64_t base;     /* the outermost frame's address */
-    uint32_t nframes;
     uint32_t nmarks;
+    uint32_t pad;
 } ss_record;
+
+/* What a profile needs of one code object, copied when the collector first meets it
+ * (or meets another object at its address): Python resolves sampled addresses from
+ * these alone, never by touching the address, which may have been freed since.
+ * Followed by the name, file name and line table bytes (padded). */
+typedef struct {
+    uint32_t tag;      /* SS_TAG_CODE */
+    uint32_t fingerprint;
+    uint64_t code;
+    int32_t firstlineno;
+    uint32_t code_bytes;
+    uint32_t name_bytes, file_bytes, table_bytes;
+    uint8_t name_kind, file_kind, pad[2];
+} ss_code_record;
 
 typedef struct {
     uint64_t code;
@@ -71,6 +89,11 @@ typedef struct {
     uint32_t fingerprint;
     uint32_t epoch;
 } ss_code_slot;
+
+typedef struct {
+    uintptr_t addr;
+    uint32_t fingerprint;
+} ss_copied_slot;
 
 typedef struct {
     PyObject_HEAD
@@ -104,6 +127,8 @@ typedef struct {
     char *chunk_copy;          /* the current data-stack chunk, copied */
     char *older_copy;          /* one older chunk, copied when the walk reaches it */
     ss_code_slot *codes;
+    ss_copied_slot *copied;    /* (address, fingerprint) pairs sent to Python already */
+    char *name_copy, *file_copy, *table_copy;
 } Engine;
 
 /* Where the frames of one walk can be decoded from without a read each. */
@@ -127,28 +152,86 @@ static int read_clock_ns(clockid_t clock, int64_t *out) {
     return 0;
 }
 
-/* ---- code fingerprints (collector side) ------------------------------------- */
+/* ---- code objects (collector side) ---------------------------------------------- */
 
-static uint32_t code_fingerprint(Engine *e, uintptr_t code) {
-    if (code == 0) return 0;
-    size_t h = (size_t)((code >> 4) * 11400714819323198485ULL) & (SS_CODE_CACHE - 1);
-    for (int probe = 0; probe < 8; probe++) {
-        ss_code_slot *slot = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
-        if (slot->epoch == e->epoch && slot->addr == code) return slot->fingerprint;
-        if (slot->epoch != e->epoch) {
-            char window[SS_CODE_WINDOW];
-            uint32_t fp = 0;
-            if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
-            slot->addr = code;
-            slot->fingerprint = fp;
-            slot->epoch = e->epoch;
-            return fp;
+static size_t code_hash(uintptr_t code) {
+    return (size_t)((code >> 4) * 11400714819323198485ULL);
+}
+
+static void append_bytes(ss_buffer *b, const void *data, size_t n) {
+    memcpy(b->data + b->used, data, n);
+    b->used += n;
+}
+
+/* Send Python what it needs of the code object at `code` (whose copied leading bytes
+ * are `window`). Returns 0 when the record went into the buffer. */
+static int send_code(Engine *e, uintptr_t code, uint32_t fp, const char *window) {
+    ss_code_fields f;
+    if (ss_code_fields_of(&e->reader, window, &f) != 0) return -1;
+    ss_code_record rec = {SS_TAG_CODE, fp, (uint64_t)code, f.firstlineno, f.code_bytes, 0, 0, 0, 0, 0, {0, 0}};
+    rec.name_bytes = ss_copy_string(&e->reader, f.qualname, e->name_copy, &rec.name_kind);
+    rec.file_bytes = ss_copy_string(&e->reader, f.filename, e->file_copy, &rec.file_kind);
+    rec.table_bytes = ss_copy_bytes(&e->reader, f.linetable, e->table_copy, SS_TABLE_MAX);
+    size_t payload = (size_t)rec.name_bytes + rec.file_bytes + rec.table_bytes;
+    size_t padded = (payload + 7) & ~(size_t)7;
+    ss_buffer *b = &e->active;
+    if (b->used + sizeof rec + padded > b->cap) return -1;
+    append_bytes(b, &rec, sizeof rec);
+    append_bytes(b, e->name_copy, rec.name_bytes);
+    append_bytes(b, e->file_copy, rec.file_bytes);
+    append_bytes(b, e->table_copy, rec.table_bytes);
+    memset(b->data + b->used, 0, padded - payload);
+    b->used += padded - payload;
+    return 0;
+}
+
+/* Make sure Python has the names of (code, fp): copy them once per pair. */
+static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *window) {
+    size_t h = code_hash(code) & (SS_COPIED - 1);
+    for (int probe = 0; probe < 16; probe++) {
+        ss_copied_slot *slot = &e->copied[(h + probe) & (SS_COPIED - 1)];
+        if (slot->addr == code && slot->fingerprint == fp) return;
+        if (slot->addr == 0) {
+            if (send_code(e, code, fp, window) == 0) {
+                slot->addr = code;
+                slot->fingerprint = fp;
+            }
+            return;
         }
     }
-    /* the neighbourhood is full this epoch: read without caching */
-    char window[SS_CODE_WINDOW];
-    if (ss_read(&e->reader, window, code, sizeof window) != 0) return 0;
-    return ss_code_fingerprint(window);
+    /* the neighbourhood is full: start over (names are sent again as met) */
+    memset(e->copied, 0, sizeof(ss_copied_slot) * SS_COPIED);
+    if (send_code(e, code, fp, window) == 0) {
+        e->copied[h].addr = code;
+        e->copied[h].fingerprint = fp;
+    }
+}
+
+/* The fingerprint of the code object at `code`, read once per drain epoch (a code
+ * object freed and another made at its address within one epoch keeps the first
+ * one's identity until the next); 0 when it is not a readable code object. */
+static uint32_t code_fingerprint(Engine *e, uintptr_t code) {
+    if (code == 0) return 0;
+    size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
+    ss_code_slot *slot = NULL;
+    for (int probe = 0; probe < 8; probe++) {
+        ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
+        if (s->epoch == e->epoch && s->addr == code) return s->fingerprint;
+        if (s->epoch != e->epoch) {
+            slot = s;
+            break;
+        }
+    }
+    char window[SS_CODE_FULL_WINDOW];
+    uint32_t fp = 0;
+    if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
+    if (fp) ensure_sent(e, code, fp, window);
+    if (slot != NULL) {
+        slot->addr = code;
+        slot->fingerprint = fp;
+        slot->epoch = e->epoch;
+    }
+    return fp;
 }
 
 /* ---- walking one thread (collector side) ------------------------------------- */
@@ -277,7 +360,7 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
         t->gone = 1;  /* the kernel no longer knows the thread */
         return;
     }
-    ss_record rec = {t->ctx, 0, wall, cpu, 0, 0, 0};
+    ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
         append_record(e, &rec, NULL, NULL);
@@ -391,6 +474,10 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->chunk_copy);
     PyMem_RawFree(e->older_copy);
     PyMem_RawFree(e->codes);
+    PyMem_RawFree(e->copied);
+    PyMem_RawFree(e->name_copy);
+    PyMem_RawFree(e->file_copy);
+    PyMem_RawFree(e->table_copy);
     PyMem_RawFree(e->targets);
     e->active.data = e->spare.data = NULL;
     e->frames = NULL;
@@ -400,6 +487,8 @@ static void free_buffers(Engine *e) {
     e->chunk_copy = NULL;
     e->older_copy = NULL;
     e->codes = NULL;
+    e->copied = NULL;
+    e->name_copy = e->file_copy = e->table_copy = NULL;
     e->targets = NULL;
 }
 
@@ -430,8 +519,13 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->chunk_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
     e->older_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
     e->codes = PyMem_RawCalloc(SS_CODE_CACHE, sizeof(ss_code_slot));
+    e->copied = PyMem_RawCalloc(SS_COPIED, sizeof(ss_copied_slot));
+    e->name_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
+    e->file_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
+    e->table_copy = PyMem_RawMalloc(SS_TABLE_MAX);
     if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->marks_copy || !e->marks_out ||
-        !e->chunk_copy || !e->older_copy || !e->codes) {
+        !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->name_copy ||
+        !e->file_copy || !e->table_copy) {
         free_buffers(e);
         PyErr_NoMemory();
         return -1;
@@ -477,9 +571,17 @@ static PyObject *Engine_start(Engine *e, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* Lock the engine without holding the GIL hostage for long: the collector holds the
- * lock only for a tick, and never needs the GIL, so a plain lock cannot deadlock. */
-#define LOCK(e) pthread_mutex_lock(&(e)->lock)
+/* Lock the engine from Python. The collector holds the lock for a tick and never
+ * needs the GIL, so waiting cannot deadlock; but a tick over a deep stack takes a
+ * while, and the program should not wait for it with the GIL held: when the lock is
+ * taken, wait with the GIL released. */
+static void lock_from_python(Engine *e) {
+    if (pthread_mutex_trylock(&e->lock) == 0) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&e->lock);
+    Py_END_ALLOW_THREADS
+}
+#define LOCK(e) lock_from_python(e)
 #define UNLOCK(e) pthread_mutex_unlock(&(e)->lock)
 
 static PyObject *Engine_stop(Engine *e, PyObject *unused) {
@@ -573,7 +675,45 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* drain() -> list of (ctx, flags, wall_ns, cpu_ns, base, frames bytes or None, marks tuple) */
+static PyObject *unpack_sample(const char *p, const ss_record *rec) {
+    size_t frames_bytes = (size_t)rec->nframes * sizeof(ss_entry);
+    PyObject *frames;
+    if (rec->flags & SS_REPEAT) {
+        frames = Py_None;
+        Py_INCREF(frames);
+    } else {
+        frames = PyBytes_FromStringAndSize(p, (Py_ssize_t)frames_bytes);
+        if (frames == NULL) return NULL;
+    }
+    PyObject *marks = PyTuple_New(rec->nmarks);
+    if (marks == NULL) {
+        Py_DECREF(frames);
+        return NULL;
+    }
+    const uint32_t *m = (const uint32_t *)(p + frames_bytes);
+    for (uint32_t i = 0; i < rec->nmarks; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(m[i]);
+        if (v == NULL) {
+            Py_DECREF(frames);
+            Py_DECREF(marks);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(marks, i, v);
+    }
+    return Py_BuildValue("(IILLKNN)", rec->ctx, rec->flags, (long long)rec->wall_ns, (long long)rec->cpu_ns,
+                         (unsigned long long)rec->base, frames, marks);
+}
+
+static PyObject *unpack_code(const char *p, const ss_code_record *rec) {
+    return Py_BuildValue("(KIiIby#by#y#)", (unsigned long long)rec->code, rec->fingerprint, rec->firstlineno,
+                         rec->code_bytes, (char)rec->name_kind, p, (Py_ssize_t)rec->name_bytes,
+                         (char)rec->file_kind, p + rec->name_bytes, (Py_ssize_t)rec->file_bytes,
+                         p + rec->name_bytes + rec->file_bytes, (Py_ssize_t)rec->table_bytes);
+}
+
+/* drain() -> (samples, codes): samples as (ctx, flags, wall_ns, cpu_ns, base, frames
+ * bytes or None, marks tuple); codes as (address, fingerprint, firstlineno,
+ * code_bytes, name_kind, name, file_kind, file, line_table). */
 static PyObject *Engine_drain(Engine *e, PyObject *unused) {
     ss_buffer full;
     LOCK(e);
@@ -583,56 +723,51 @@ static PyObject *Engine_drain(Engine *e, PyObject *unused) {
     e->epoch++;
     if (e->epoch == 0) e->epoch = 1;
     UNLOCK(e);
-    PyObject *out = PyList_New(0);
-    if (out == NULL) goto done;
+    PyObject *samples = PyList_New(0), *codes = PyList_New(0), *out = NULL;
     size_t pos = 0;
-    while (pos + sizeof(ss_record) <= full.used) {
-        ss_record rec;
-        memcpy(&rec, full.data + pos, sizeof rec);
-        pos += sizeof rec;
-        size_t frames_bytes = (size_t)rec.nframes * sizeof(ss_entry);
-        size_t marks_bytes = ((size_t)rec.nmarks * sizeof(uint32_t) + 7) & ~(size_t)7;
-        PyObject *frames = Py_None;
-        Py_INCREF(Py_None);
-        if (!(rec.flags & SS_REPEAT)) {
-            Py_DECREF(Py_None);
-            frames = PyBytes_FromStringAndSize(full.data + pos, (Py_ssize_t)frames_bytes);
+    while (samples && codes && pos + sizeof(uint32_t) <= full.used) {
+        uint32_t tag;
+        memcpy(&tag, full.data + pos, sizeof tag);
+        PyObject *item;
+        PyObject *list;
+        if (tag == SS_TAG_SAMPLE) {
+            ss_record rec;
+            memcpy(&rec, full.data + pos, sizeof rec);
+            pos += sizeof rec;
+            item = unpack_sample(full.data + pos, &rec);
+            pos += (size_t)rec.nframes * sizeof(ss_entry) + (((size_t)rec.nmarks * sizeof(uint32_t) + 7) & ~(size_t)7);
+            list = samples;
+        } else {
+            ss_code_record rec;
+            memcpy(&rec, full.data + pos, sizeof rec);
+            pos += sizeof rec;
+            item = unpack_code(full.data + pos, &rec);
+            pos += ((size_t)rec.name_bytes + rec.file_bytes + rec.table_bytes + 7) & ~(size_t)7;
+            list = codes;
         }
-        pos += frames_bytes;
-        PyObject *marks = PyTuple_New(rec.nmarks);
-        if (marks != NULL) {
-            const uint32_t *m = (const uint32_t *)(full.data + pos);
-            for (uint32_t i = 0; i < rec.nmarks; i++) {
-                PyObject *v = PyLong_FromUnsignedLong(m[i]);
-                if (v == NULL) {
-                    Py_CLEAR(marks);
-                    break;
-                }
-                PyTuple_SET_ITEM(marks, i, v);
-            }
-        }
-        pos += marks_bytes;
-        PyObject *item = NULL;
-        if (frames != NULL && marks != NULL)
-            item = Py_BuildValue("(IILLKNN)", rec.ctx, rec.flags, (long long)rec.wall_ns, (long long)rec.cpu_ns,
-                                 (unsigned long long)rec.base, frames, marks);
-        else {
-            Py_XDECREF(frames);
-            Py_XDECREF(marks);
-        }
-        if (item == NULL || PyList_Append(out, item) != 0) {
+        if (item == NULL || PyList_Append(list, item) != 0) {
             Py_XDECREF(item);
-            Py_CLEAR(out);
+            Py_CLEAR(samples);
             break;
         }
         Py_DECREF(item);
     }
-done:
+    if (samples && codes) out = PyTuple_Pack(2, samples, codes);
+    Py_XDECREF(samples);
+    Py_XDECREF(codes);
     LOCK(e);
     full.used = 0;
     e->spare = full;
     UNLOCK(e);
     return out;
+}
+
+/* Python forgot the names it had: send each code object's again when next met. */
+static PyObject *Engine_forget_codes(Engine *e, PyObject *unused) {
+    LOCK(e);
+    memset(e->copied, 0, sizeof(ss_copied_slot) * SS_COPIED);
+    UNLOCK(e);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Engine_stats(Engine *e, PyObject *unused) {
@@ -676,7 +811,7 @@ static PyObject *Engine_forget_after_fork(Engine *e, PyObject *unused) {
 
 static void Engine_dealloc(Engine *e) {
     if (e->thread_started) {
-        LOCK(e);
+        pthread_mutex_lock(&e->lock);
         e->stopped = 1;
         pthread_cond_signal(&e->wake);
         UNLOCK(e);
@@ -699,8 +834,10 @@ static PyMethodDef Engine_methods[] = {
     {"set_targets", (PyCFunction)Engine_set_targets, METH_O,
      "set_targets([(ctx, tstate, ident, clock or None), ...]): the threads to sample."},
     {"drain", (PyCFunction)Engine_drain, METH_NOARGS,
-     "drain() -> [(ctx, flags, wall_ns, cpu_ns, base, frames or None, marks)]: the samples so far."},
+     "drain() -> (samples, codes): what the collector took since the last drain."},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters and the collector's own CPU seconds."},
+    {"forget_codes", (PyCFunction)Engine_forget_codes, METH_NOARGS,
+     "Send every code object's names again when next met (after Python forgot them)."},
     {"forget_after_fork", (PyCFunction)Engine_forget_after_fork, METH_NOARGS,
      "In a forked child: make the engine inert."},
     {NULL, NULL, 0, NULL},
@@ -752,25 +889,6 @@ static PyObject *frame_address(PyObject *m, PyObject *frame) {
     return PyLong_FromUnsignedLongLong((unsigned long long)ss_frame_object_addr((PyFrameObject *)frame));
 }
 
-/* code_at(address, fingerprint) -> the code object, or None when the object there is
- * no longer a live code object with that fingerprint (freed, or reused). */
-static ss_reader module_reader;
-
-static PyObject *code_at(PyObject *m, PyObject *args) {
-    unsigned long long addr;
-    unsigned int fp;
-    if (!PyArg_ParseTuple(args, "KI", &addr, &fp)) return NULL;
-    if (fp == 0 || addr == 0) Py_RETURN_NONE;
-    char window[SS_CODE_WINDOW];
-    if (ss_read(&module_reader, window, (uintptr_t)addr, sizeof window) != 0) Py_RETURN_NONE;
-    if (ss_code_fingerprint(window) != fp) Py_RETURN_NONE;
-    /* The GIL is held, so no thread can free the object between this check and the
-     * reference taken here; its name and file were checked to be where they were. */
-    PyObject *code = (PyObject *)(uintptr_t)addr;
-    Py_INCREF(code);
-    return code;
-}
-
 static PyObject *mark_push(PyObject *m, PyObject *args) {
     PyObject *frame;
     unsigned int entry;
@@ -794,8 +912,6 @@ static PyObject *mark_remove(PyObject *m, PyObject *arg) {
 }
 
 static PyObject *after_fork(PyObject *m, PyObject *unused) {
-    ss_reader_close(&module_reader);
-    ss_reader_init(&module_reader);
     pthread_mutex_init(&ss_markstacks_lock, NULL);
     Py_RETURN_NONE;
 }
@@ -804,7 +920,6 @@ static PyMethodDef module_methods[] = {
     {"thread_states", thread_states, METH_NOARGS,
      "thread_states() -> {ident: (thread state address, native id or 0)}"},
     {"frame_address", frame_address, METH_O, "The address the engine reports for this frame's frame."},
-    {"code_at", code_at, METH_VARARGS, "code_at(address, fingerprint) -> code object or None"},
     {"mark_push", mark_push, METH_VARARGS, "mark_push(frame, entry): a mark entered in frame."},
     {"mark_remove", mark_remove, METH_O, "mark_remove(entry) -> whether it was on this thread's stack."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
@@ -817,7 +932,6 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    ss_reader_init(&module_reader);
     if (PyType_Ready(&EngineType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;

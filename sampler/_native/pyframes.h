@@ -174,6 +174,13 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
          ? offsetof(PyCodeObject, co_name) + sizeof(PyObject *) \
          : offsetof(PyCodeObject, co_filename) + sizeof(PyObject *))
 #define SS_MAX2(a, b) ((a) > (b) ? (a) : (b))
+#if PY_VERSION_HEX >= 0x030B0000
+#  define SS_QUALNAME_END (offsetof(PyCodeObject, co_qualname) + sizeof(PyObject *))
+#  define SS_CO_CODE_OFFSET 0
+#else
+#  define SS_QUALNAME_END 0
+#  define SS_CO_CODE_OFFSET offsetof(PyCodeObject, co_code)
+#endif
 #define SS_CODE_WINDOW SS_MAX2(SS_CODE_WINDOW_END, SS_MAX2(offsetof(PyCodeObject, co_firstlineno) + sizeof(int), \
                                                        offsetof(PyCodeObject, co_argcount) + sizeof(int)))
 
@@ -197,6 +204,72 @@ static inline uint32_t ss_code_fingerprint(const void *bytes) {
     }
     uint32_t fp = (uint32_t)(h ^ (h >> 32));
     return fp ? fp : 1;
+}
+
+/* ---- what a profile needs of a code object, copied ------------------------------ */
+
+#define SS_NAME_MAX 512      /* characters of a name or file name kept */
+#define SS_TABLE_MAX 32768   /* bytes of a line table kept (longer: lines unknown) */
+
+/* A string object copied at addr: its characters (1, 2 or 4 bytes each, per *kind)
+ * into out (room for SS_NAME_MAX characters of 4 bytes). Returns the bytes copied,
+ * or 0 when addr holds no readable compact string. */
+static inline uint32_t ss_copy_string(ss_reader *r, uintptr_t addr, char *out, uint8_t *kind) {
+    char head[sizeof(PyCompactUnicodeObject)];
+    *kind = 0;
+    if (addr == 0 || ss_read(r, head, addr, sizeof head) != 0) return 0;
+    if (SS_FIELD(head, PyObject, ob_type) != &PyUnicode_Type) return 0;
+    PyASCIIObject a;
+    memcpy(&a, head, sizeof a);
+    if (!a.state.compact) return 0;
+    Py_ssize_t length = a.length;
+    if (length < 0) return 0;
+    if (length > SS_NAME_MAX) length = SS_NAME_MAX;
+    uintptr_t data = addr + (a.state.ascii ? sizeof(PyASCIIObject) : sizeof(PyCompactUnicodeObject));
+    unsigned k = a.state.kind;
+    if (k != 1 && k != 2 && k != 4) return 0;
+    if (ss_read(r, out, data, (size_t)length * k) != 0) return 0;
+    *kind = (uint8_t)(a.state.ascii ? 1 : k);
+    return (uint32_t)length * k;
+}
+
+/* A bytes object copied at addr into out (up to max bytes). Returns the bytes
+ * copied (0 when unreadable, or longer than max). */
+static inline uint32_t ss_copy_bytes(ss_reader *r, uintptr_t addr, char *out, size_t max) {
+    char head[offsetof(PyBytesObject, ob_sval)];
+    if (addr == 0 || ss_read(r, head, addr, sizeof head) != 0) return 0;
+    if (SS_FIELD(head, PyObject, ob_type) != &PyBytes_Type) return 0;
+    Py_ssize_t n = SS_FIELD(head, PyVarObject, ob_size);
+    if (n <= 0 || (size_t)n > max) return 0;
+    if (ss_read(r, out, addr + offsetof(PyBytesObject, ob_sval), (size_t)n) != 0) return 0;
+    return (uint32_t)n;
+}
+
+/* Where a code object's name, file and line table are (from its copied bytes). */
+typedef struct {
+    int32_t firstlineno;
+    uint32_t code_bytes;     /* length of the bytecode, for line lookups */
+    uintptr_t qualname, filename, linetable;
+} ss_code_fields;
+
+#define SS_CODE_FULL_WINDOW SS_MAX2(SS_CODE_WINDOW, SS_MAX2(SS_QUALNAME_END, \
+    SS_MAX2(offsetof(PyCodeObject, co_linetable), SS_CO_CODE_OFFSET) + sizeof(PyObject *)))
+
+static inline int ss_code_fields_of(ss_reader *r, const void *bytes, ss_code_fields *out) {
+    out->firstlineno = SS_FIELD(bytes, PyCodeObject, co_firstlineno);
+    out->filename = (uintptr_t)SS_FIELD(bytes, PyCodeObject, co_filename);
+    out->linetable = (uintptr_t)SS_FIELD(bytes, PyCodeObject, co_linetable);
+#if PY_VERSION_HEX >= 0x030B0000
+    out->qualname = (uintptr_t)SS_FIELD(bytes, PyCodeObject, co_qualname);
+    out->code_bytes = (uint32_t)(SS_FIELD(bytes, PyVarObject, ob_size) * sizeof(_Py_CODEUNIT));
+#else
+    out->qualname = (uintptr_t)SS_FIELD(bytes, PyCodeObject, co_name);
+    char head[offsetof(PyBytesObject, ob_sval)];
+    uintptr_t co_code = (uintptr_t)SS_FIELD(bytes, PyCodeObject, co_code);
+    if (ss_read(r, head, co_code, sizeof head) != 0) return -1;
+    out->code_bytes = (uint32_t)SS_FIELD(head, PyVarObject, ob_size);
+#endif
+    return 0;
 }
 
 #endif

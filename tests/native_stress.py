@@ -1,0 +1,285 @@
+"""Programs that try to break a sampler: run as ``python native_stress.py SCENARIO``.
+
+Each scenario runs a sampler (the engine named by ``STACKSHOT_ENGINE``) over a program
+doing something that changes stacks fast or frees what the collector may be reading:
+threads starting and exiting at about 1 kHz, recursion oscillating thousands of frames
+deep, generators and coroutines suspending and resuming, exceptions unwinding, greenlet
+switches, code made and freed, fork, signals, interpreter exit. It prints ``ok`` and a
+figure, and exits 0; a crash, a hang or a wrong figure is a failure.
+``tests/test_native_stress.py`` runs each one on each engine; ``.ci/sanitize`` runs
+them all under AddressSanitizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import greenlet  # noqa: E402
+
+import sampler  # noqa: E402
+
+DELAY = 0.0005
+SECONDS = float(os.environ.get("STRESS_SECONDS", "1.0"))
+
+
+def _until(seconds: float = SECONDS):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        yield
+
+
+def _check(snaps: sampler.Snapshots, at_least: int = 1) -> int:
+    n = len(snaps)
+    assert n >= at_least, f"only {n} samples"
+    assert not snaps.runs[-1].errors, snaps.runs[-1].errors
+    return n
+
+
+def threads_churn() -> str:
+    """Threads start and exit about every millisecond, tracked through a group and
+    ALL_THREADS; each lives a moment and does a little work."""
+    group = sampler.ThreadGroup("churn")
+    everyone = sampler.create_sampler(sampler.ALL_THREADS, DELAY)
+    members = sampler.create_sampler(group, DELAY)
+    started = 0
+
+    def short() -> None:
+        sum(i * i for i in range(2000))
+
+    with group:
+        for _ in _until():
+            t = threading.Thread(target=short)
+            t.start()
+            started += 1
+            if started % 8 == 0:
+                t.join()
+            time.sleep(0.001)
+    everyone.stop()
+    members.stop()
+    _check(everyone.get_snapshots())
+    _check(members.get_snapshots())
+    return f"{started} threads"
+
+
+def deep_oscillation() -> str:
+    """Recursion between 1,000 and 6,000 frames deep, changing depth all the time
+    (data-stack chunks are allocated and freed under the collector)."""
+    sys.setrecursionlimit(20_000)
+    done = []
+
+    def down(n: int) -> int:
+        if n == 0:
+            return sum(range(200))
+        return down(n - 1) + 1
+
+    def worker() -> None:
+        for depth in _wave():
+            down(depth)
+        done.append(True)
+
+    def _wave():
+        depth, step = 1000, 700
+        for _ in _until():
+            yield depth
+            depth += step
+            if not 1000 <= depth <= 6000:
+                step = -step
+                depth += 2 * step
+
+    threading.stack_size(256 * 1024 * 1024)
+    t = threading.Thread(target=worker)
+    t.start()
+    threading.stack_size(0)
+    ctl = sampler.create_sampler(t, DELAY)
+    t.join()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    deepest = max((len(snaps.stack(s)) for s in set(snaps.sample_stack)), default=0)
+    assert done and deepest > 1000, deepest
+    return f"{_check(snaps)} samples, deepest {deepest}"
+
+
+def generators_and_coroutines() -> str:
+    """Generators, generator pipelines and asyncio tasks suspend and resume."""
+    ctl = sampler.create_sampler(threading.current_thread(), DELAY)
+
+    def numbers():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    def squares(source):
+        for x in source:
+            yield x * x
+
+    async def ping(n: int) -> int:
+        total = 0
+        for i in range(n):
+            await asyncio.sleep(0)
+            total += i
+        return total
+
+    async def many() -> None:
+        for _ in _until(SECONDS / 2):
+            await asyncio.gather(*(ping(50) for _ in range(20)))
+
+    pipeline = squares(numbers())
+    for _ in _until(SECONDS / 2):
+        for _ in range(1000):
+            next(pipeline)
+    asyncio.run(many())
+    ctl.stop()
+    return f"{_check(ctl.get_snapshots())} samples"
+
+
+def exceptions_unwinding() -> str:
+    """Exceptions raised 200 frames down unwind through every frame."""
+    ctl = sampler.create_sampler(threading.current_thread(), DELAY)
+
+    def fail(n: int) -> None:
+        if n == 0:
+            raise ValueError("down here")
+        try:
+            fail(n - 1)
+        finally:
+            pass
+
+    caught = 0
+    for _ in _until():
+        try:
+            fail(200)
+        except ValueError:
+            caught += 1
+    ctl.stop()
+    return f"{_check(ctl.get_snapshots())} samples, {caught} unwound"
+
+
+def greenlet_switches() -> str:
+    """Two greenlets and the main one switch thousands of times; all are tracked."""
+    main = greenlet.getcurrent()
+
+    def bounce() -> None:
+        while True:
+            sum(range(100))
+            main.switch()
+
+    a, b = greenlet.greenlet(bounce), greenlet.greenlet(bounce)
+    ctl = sampler.create_sampler([threading.current_thread(), a, b], DELAY)
+    switches = 0
+    for _ in _until():
+        for _ in range(100):
+            (a if switches % 2 == 0 else b).switch()
+            switches += 1
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    kinds = {snaps.threads[t].kind for t in snaps.sample_thread}
+    assert kinds == {"thread", "greenlet"}, kinds
+    return f"{_check(snaps)} samples, {switches} switches"
+
+
+def code_churn() -> str:
+    """Functions made with exec run once and are dropped: their code objects are
+    freed while the collector may hold their addresses. None is kept alive."""
+    ctl = sampler.create_sampler(threading.current_thread(), DELAY)
+    refs = []
+    made = 0
+    for _ in _until():
+        namespace: dict = {}
+        exec(f"def made_{made}(n):\n    return sum(i * {made} for i in range(n))\n", namespace)
+        fn = namespace[f"made_{made}"]
+        fn(3000)
+        refs.append(weakref.ref(fn.__code__))
+        del fn, namespace
+        made += 1
+    snaps = ctl.get_snapshots()  # files every sample taken so far
+    ctl.stop()
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    assert alive <= 1, f"{alive} of {made} code objects kept alive"
+    names = {f.name for f in snaps.frames}
+    assert any(n.startswith("made_") for n in names), sorted(names)[:20]
+    return f"{_check(snaps)} samples, {made} functions made, {alive} alive"
+
+
+def fork_while_sampling() -> str:
+    """Fork while sampling; the child samples itself; neither hangs or crashes."""
+    ctl = sampler.create_sampler(threading.current_thread(), DELAY)
+    sum(i * i for i in range(200_000))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            child = sampler.create_sampler(threading.current_thread(), DELAY)
+            for _ in _until(0.3):
+                sum(i * i for i in range(10_000))
+            child.stop()
+            code = 0 if len(child.get_snapshots()) > 0 else 3
+        finally:
+            os._exit(code)
+    for _ in _until(0.3):
+        sum(i * i for i in range(10_000))
+    _, status = os.waitpid(pid, 0)
+    ctl.stop()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    return f"{_check(ctl.get_snapshots())} samples in the parent, child ok"
+
+
+def signals() -> str:
+    """A signal handler reads the profile while the program runs (SIGUSR1 at 200 Hz
+    from another thread); the program's sleeps and reads see no EINTR."""
+    ctl = sampler.create_sampler(threading.current_thread(), DELAY)
+    seen = []
+    signal.signal(signal.SIGUSR1, lambda *a: seen.append(len(ctl("get-snapshots"))))
+    stop = threading.Event()
+
+    def sender() -> None:
+        while not stop.is_set():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.005)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    r, w = os.pipe()
+    try:
+        for _ in _until():
+            sum(i * i for i in range(5000))
+            time.sleep(0.001)
+            os.write(w, b"x")
+            assert os.read(r, 1) == b"x"
+    finally:
+        stop.set()
+        t.join()
+    ctl.stop()
+    assert seen, "the handler never ran"
+    return f"{_check(ctl.get_snapshots())} samples, {len(seen)} signals handled"
+
+
+def exit_while_sampling() -> str:
+    """The interpreter exits with samplers running (never stopped): no hang, no crash."""
+    sampler.create_sampler(sampler.ALL_THREADS, DELAY)
+    sampler.create_sampler(threading.current_thread(), 0.0)
+    for _ in range(4):
+        threading.Thread(target=lambda: sum(range(10**6)), daemon=True).start()
+    sum(i * i for i in range(300_000))
+    return "exiting"
+
+
+SCENARIOS = {f.__name__: f for f in (
+    threads_churn, deep_oscillation, generators_and_coroutines, exceptions_unwinding,
+    greenlet_switches, code_churn, fork_while_sampling, signals, exit_while_sampling)}
+
+
+if __name__ == "__main__":
+    names = list(SCENARIOS) if sys.argv[1:] == ["all"] else sys.argv[1:]
+    for name in names:
+        print(name, "ok", SCENARIOS[name](), flush=True)
