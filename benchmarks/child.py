@@ -68,7 +68,7 @@ class NoProfiler:
 
 
 class Stackshot:
-    """stackshot's sampler on every thread, analysed with both interval rules.
+    """stackshot's sampler on every thread, analysed with every interval rule.
 
     ``engine`` (``'native'`` or ``'python'``) is asked for twice: in the environment
     (``STACKSHOT_ENGINE``, set by the harness for the whole process) and as
@@ -127,7 +127,11 @@ class Stackshot:
         frames = [(f.name, f.filename) for f in snaps.frames]
         stacks = {sid: [frames[i] for i in snaps.stack(sid)] for sid in set(snaps.sample_stack)}
         profiles = {}
-        for interval in ("midpoint", "end"):
+        try:  # every rule the analyzer offers ('active' came later than the first two)
+            from analyzer.weights import INTERVALS as intervals
+        except ImportError:
+            intervals = ("midpoint", "end")
+        for interval in intervals:
             weights = sample_weights(snaps, "cpu", interval=interval)
             profiles[interval] = attribution.from_stacks(
                 (stacks[sid], w) for sid, w in zip(snaps.sample_stack, weights))

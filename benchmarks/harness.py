@@ -329,7 +329,7 @@ def variants(config: str, run: dict) -> list[tuple[str, dict]]:
     as ``"stackshot-5ms (end)"`` or ``"(midpoint)"``.
     """
     # runs recorded before the key existed were analysed with Racket's midpoint rule;
-    # None means "the input's natural rule", which for stackshot's snapshots is 'end'
+    # None means "the input's natural rule" for stackshot's snapshots ('end', later 'active')
     default = run.get("stats", {}).get("default_interval", "midpoint")
     if default is None:
         from analyzer.weights import resolve_interval

@@ -316,8 +316,9 @@ def derived_notes(result: dict) -> list[str]:
         for c in ours:
             variants = {label: a for label, a in acc.items() if label == c or label.startswith(c + " (")}
             errs = {label: a["error_points"] for label, a in variants.items() if a.get("error_points") is not None}
-            if ws["truth"] and len(errs) == 2:
-                (la, ea), (lb, eb) = sorted(errs.items(), key=lambda x: x[1])
+            if ws["truth"] and len(errs) >= 2:
+                ranked = sorted(errs.items(), key=lambda x: x[1])
+                (la, ea), (lb, eb) = ranked[0], ranked[-1]
                 if eb - ea >= 2:
                     notes.append(f"`{w}`, {c}: `{la}` errs {ea:.1f} points, `{lb}` {eb:.1f}: the "
                                  f"interval rule matters here, and `{la}` is closer to the truth.")
