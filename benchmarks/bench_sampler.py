@@ -92,7 +92,8 @@ def achieved_rate(delay: float, threads: int, seconds: float) -> dict:
     return {"delay": delay, "threads": threads, "requested_rate": run.requested_rate,
             "achieved_rate": round(run.achieved_rate, 1),
             "achieved_over_requested": round(run.achieved_rate / run.requested_rate, 4),
-            "late_ticks": run.late_ticks, "missed_ticks": run.missed_ticks, "ticks": run.ticks}
+            "late_ticks": run.late_ticks, "missed_ticks": run.missed_ticks, "ticks": run.ticks,
+            "engine": getattr(run, "engine", "") or "python"}
 
 
 def microseconds_per_snapshot(n: int) -> dict:
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
         "snapshot_cost": microseconds_per_snapshot(2_000 if args.quick else 20_000),
         "memory": bytes_per_sample(100_000 if args.quick else 1_000_000),
     }
+    # the engine the runs used (STACKSHOT_ENGINE picks it; '' in RunInfo means python)
+    results["engine"] = results["rate"][0]["engine"]
     for s in results["slowdown"]:
         print(f"slowdown at {s['delay'] * 1000:g} ms: {s['median_slowdown']:.4f}x "
               f"(runs {s['ratios']}; collector CPU {s['median_collector_cpu_per_tick_us']:.0f} us/tick)")

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Optional
 
 from . import attribution
 from .workloads import load
@@ -68,15 +68,37 @@ class NoProfiler:
 
 
 class Stackshot:
-    """stackshot's sampler on every thread, analysed with both interval rules."""
+    """stackshot's sampler on every thread, analysed with every interval rule.
 
-    def __init__(self, delay: float) -> None:
+    ``engine`` (``'native'`` or ``'python'``) is asked for twice: in the environment
+    (``STACKSHOT_ENGINE``, set by the harness for the whole process) and as
+    ``create_sampler(..., engine=)``; a sampler without that argument runs its only
+    engine.  The engine the run *used* (``RunInfo.engine``, '' meaning 'python') is
+    what the results record.
+    """
+
+    def __init__(self, delay: float, engine: Optional[str] = None) -> None:
         self.delay = delay
+        self.engine = engine
 
     def start(self) -> None:
         import sampler
 
+        self.t0 = time.perf_counter()
+        if self.engine:
+            try:
+                self.ctl = sampler.create_sampler(sampler.ALL_THREADS, self.delay, engine=self.engine)
+                return
+            except TypeError as e:
+                if "engine" not in str(e):
+                    raise
         self.ctl = sampler.create_sampler(sampler.ALL_THREADS, self.delay)
+
+    def tick_times(self) -> list[float]:
+        """perf_counter times of the samples (every tracked thread's), sorted."""
+        snaps = self.ctl.get_snapshots()
+        start = getattr(self.ctl, "_start", self.t0)
+        return sorted({round(start + s.wall, 6) for s in snaps.samples()})
 
     def stop(self) -> None:
         self.ctl.stop()
@@ -105,7 +127,11 @@ class Stackshot:
         frames = [(f.name, f.filename) for f in snaps.frames]
         stacks = {sid: [frames[i] for i in snaps.stack(sid)] for sid in set(snaps.sample_stack)}
         profiles = {}
-        for interval in ("midpoint", "end"):
+        try:  # every rule the analyzer offers ('active' came later than the first two)
+            from analyzer.weights import INTERVALS as intervals
+        except ImportError:
+            intervals = ("midpoint", "end")
+        for interval in intervals:
             weights = sample_weights(snaps, "cpu", interval=interval)
             profiles[interval] = attribution.from_stacks(
                 (stacks[sid], w) for sid, w in zip(snaps.sample_stack, weights))
@@ -130,6 +156,8 @@ class Stackshot:
             "collector_cpu_share": run.collector_cpu / run.sampling_wall if run.sampling_wall else None,
             "errors": list(run.errors),
             "default_interval": default_interval,
+            "engine": getattr(run, "engine", "") or "python",
+            "engine_requested": self.engine,
         }
         return profiles, stats
 
@@ -233,11 +261,11 @@ def make_profiler(spec: dict) -> Any:
     if kind == "none":
         return NoProfiler()
     if kind == "stackshot":
-        return Stackshot(spec["delay"])
+        return Stackshot(spec["delay"], spec.get("engine"))
     if kind == "pyinstrument":
         return Pyinstrument(spec.get("interval", 0.001))
     if kind == "yappi":
-        return Yappi(greenlets=spec["workload"] == "greenlets")
+        return Yappi(greenlets=spec["workload"] in ("greenlets", "gevent_server"))
     if kind == "cProfile":
         return CProfile()
     raise ValueError(f"unknown in-process profiler {kind!r}")
@@ -259,6 +287,10 @@ def measure(spec: dict) -> dict:
     profiler.stop()
     rss_run = _maxrss_kb()
     profiles, stats = profiler.finish()
+    workload_stats = workload.report(state) if hasattr(workload, "report") else {}
+    intervals = workload_stats.pop("gap_intervals", None)
+    if intervals is not None and hasattr(profiler, "tick_times"):
+        workload_stats.update(match_gaps(intervals, profiler.tick_times(), t0, t0 + elapsed))
     return {
         "elapsed": elapsed,
         "process_cpu": cpu,
@@ -269,8 +301,52 @@ def measure(spec: dict) -> dict:
         "profiles": profiles,
         "stats": stats,
         "threads_left": threading.active_count(),
+        "workload_stats": workload_stats,
         "python": sys.version.split()[0],
     }
+
+
+PREEMPTION_NS = 2_000_000
+"""Pauses longer than this are the OS running another process (a 4 ms time slice is
+typical on these machines), not a sample: left out of the per-tick figure."""
+
+
+def match_gaps(intervals: list, ticks: list[float], start: float, end: float) -> dict:
+    """The program's pauses that contain one of the sampler's ticks (DESIGN.md, "the gap
+    the program sees"): how many of the ticks inside the timed run hit a pause, and the
+    time those pauses took, per tick (pauses over :data:`PREEMPTION_NS` left out).
+
+    The same figures for the ticks moved by half their spacing (``gap_chance_*``) are
+    the control: how often a moment unrelated to any tick falls in a pause (the OS
+    running something else on a loaded machine), to read the figures against.
+    """
+    inside = [t for t in ticks if start <= t <= end]
+    spacing = sorted(b - a for a, b in zip(inside, inside[1:]))
+    half = spacing[len(spacing) // 2] / 2 if spacing else 0.0
+    out = {"gap_ticks": len(inside)}
+    for prefix, shift in (("gap_", 0.0), ("gap_chance_", half)):
+        hit, lost, lengths = _pauses_at([round((t + shift) * 1e9) for t in inside], intervals)
+        n = max(len(inside), 1)
+        lengths.sort()
+        out.update({prefix + "ticks_hit": hit / n, prefix + "lost_us_per_tick": lost / 1e3 / n,
+                    prefix + "matched_median_us": lengths[len(lengths) // 2] / 1e3 if lengths else None})
+    return out
+
+
+def _pauses_at(ns: list[int], intervals: list) -> tuple[int, int, list]:
+    """How many of the (sorted) times ``ns`` fall in a pause, the pauses' total and lengths."""
+    import bisect
+
+    slack = 2_000  # the tick's own time stamp is taken a little before or after the hold
+    hit, lost, lengths = 0, 0, []
+    for a, b in intervals:
+        lo = bisect.bisect_left(ns, a - slack)
+        hi = bisect.bisect_right(ns, b + slack)
+        if hi > lo and b - a <= PREEMPTION_NS:
+            hit += hi - lo
+            lost += b - a
+            lengths.append(b - a)
+    return hit, lost, lengths
 
 
 def main(argv: list[str]) -> None:

@@ -14,6 +14,11 @@ def _fmt(x: Optional[float], spec: str, suffix: str = "", none: str = "–") -> 
     return none if x is None else f"{x:{spec}}{suffix}"
 
 
+def _paren(x: Optional[float], spec: str, suffix: str = "") -> str:
+    """`` (x)`` formatted, or nothing when ``x`` is None."""
+    return "" if x is None else f" ({x:{spec}}{suffix})"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -77,6 +82,9 @@ def render_markdown(result: dict) -> str:
                          "it ran on every workload, sampling from outside the process.")
         else:
             lines.append(f"- **py-spy could not run here**: {spy['error']}")
+    for engine, info in result.get("engines", {}).items():
+        lines.append(f"- stackshot's {engine} engine: " + ("available; its rows ran on it." if info["ok"]
+                                                           else f"**not available**: {info['error']}."))
     for c, why in result.get("skipped", {}).items():
         lines.append(f"- **Skipped {c}**: {why}")
     if result.get("errors"):
@@ -89,6 +97,24 @@ def render_markdown(result: dict) -> str:
               "py-spy at 1000 Hz, in points. stackshot weighs samples by thread CPU time; its headline "
               "rows use the analyzer's default interval rule for snapshots"
               + _default_rules(result) + ", and the other rule is shown beside it.", ""]
+
+    # issue 9's targets, one verdict per stackshot row
+    from .harness import issue9_verdicts
+
+    summary9 = issue9_verdicts(result["targets"])
+    if summary9:
+        lines += ["## Issue 9's targets: met or not, per engine and delay", "",
+                  "A target is met by a row only if every workload's check below meets it; *worst* is "
+                  "the farthest figure (workload in brackets).", ""]
+        rows = []
+        for v in summary9:
+            worst = v["worst"]
+            shown = (f"{worst:.3f}x" if v["kind"] == "slowdown" else f"{worst:.1%}" if v["kind"] == "rate"
+                     else f"{worst:.1f} pts")
+            rows.append([v["target"], v["config"], "**met**" if v["met"] else "not met",
+                         f"{shown} (`{v['worst_workload']}`)",
+                         ", ".join(f"`{w}`" for w in v["failed"]) or "–"])
+        lines += _table(["target", "row", "verdict", "worst", "falls short on"], rows)
 
     # targets
     lines += ["## stackshot against its targets", ""]
@@ -124,7 +150,9 @@ def render_markdown(result: dict) -> str:
         lo, hi = e["slowdown_range"]
         return f"{e['slowdown']:.3f}x ({lo:.2f}–{hi:.2f})"
 
-    lines += _table(["workload"] + configs, _config_rows(s, configs, slowdown_cell))
+    lines += _table(["workload", "none/none spread"] + configs,
+                    [row[:1] + [_fmt(s[w]["noise"]["median_abs_deviation"], ".1%", none="–")] + row[1:]
+                     for w, row in zip(s, _config_rows(s, configs, slowdown_cell))])
     lines += ["How noisy the machine was: the same ratio between consecutive *no-profiler* runs "
               "(ideally exactly 1: its typical deviation is the resolution of the table above), "
               "and the share of wall time the unprofiled process had a CPU (1.0 when nothing else ran; "
@@ -243,14 +271,28 @@ def render_markdown(result: dict) -> str:
 
         lines += _table(["workload"] + post, _config_rows(s, post, analysis_cell))
 
+    lines += _issue9_sections(result)
     lines += _microbench(result.get("sampler_microbench"))
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _ours(result: dict) -> list[str]:
+    """stackshot's rows of this result (one per engine and delay)."""
+    return [c for c in result["configs"] if c.startswith("stackshot")]
+
+
+def _limit(config: str) -> Optional[float]:
+    """The slowdown target of a stackshot row, by its delay."""
+    from .harness import CONFIGS, SLOWDOWN_LIMITS
+
+    return SLOWDOWN_LIMITS.get(CONFIGS.get(config, {}).get("delay"))
 
 
 def derived_notes(result: dict) -> list[str]:
     """Plain statements computed from the figures: resolution, interval rules, rate limits."""
     notes = []
     s = result["summary"]
+    ours = _ours(result)
     noise = [ws["noise"]["median_abs_deviation"] for ws in s.values()
              if ws.get("noise", {}).get("median_abs_deviation") is not None]
     if noise:
@@ -259,23 +301,24 @@ def derived_notes(result: dict) -> list[str]:
             notes.append(f"Resolution: two consecutive runs *without* a profiler differed by a median "
                          f"{lo:.1%}–{hi:.1%} depending on the workload, more than the 1% and 3% slowdown "
                          "targets, so the slowdown verdicts are not resolved at this machine load; the "
-                         "collector's own CPU per tick (rate table), spent mostly holding the GIL, is "
-                         "the steadier guide to what the sampler costs.")
+                         "collector's own CPU per tick and the gap it leaves in the program (\"What a "
+                         "sample costs\") are the steadier guides to what the sampler costs.")
     deep = s.get("deep", {}).get("configs", {})
-    for c, limit in (("stackshot-5ms", 1.01), ("stackshot-1ms", 1.03)):
-        e = deep.get(c, {})
-        if e.get("collector_cpu_share") and e.get("achieved_rate") and e["collector_cpu_share"] > limit - 1:
+    for c in ours:
+        e, limit = deep.get(c, {}), _limit(c)
+        if limit and e.get("collector_cpu_share") and e.get("achieved_rate") and e["collector_cpu_share"] > limit - 1:
             budget = (limit - 1) / e["achieved_rate"] * 1e6
             notes.append(f"`deep`, {c}: the collector's CPU alone is {e['collector_cpu_share']:.1%} of the "
                          f"run ({e['collector_cpu_per_tick_us']:.0f} µs per tick at {e['achieved_rate']:.0f} "
                          f"ticks/s); a slowdown of at most {limit:.2f}x leaves it about {budget:.0f} µs per tick.")
     for w, ws in s.items():
         acc = ws["accuracy"]
-        for c in ("stackshot-5ms", "stackshot-1ms"):
+        for c in ours:
             variants = {label: a for label, a in acc.items() if label == c or label.startswith(c + " (")}
             errs = {label: a["error_points"] for label, a in variants.items() if a.get("error_points") is not None}
-            if ws["truth"] and len(errs) == 2:
-                (la, ea), (lb, eb) = sorted(errs.items(), key=lambda x: x[1])
+            if ws["truth"] and len(errs) >= 2:
+                ranked = sorted(errs.items(), key=lambda x: x[1])
+                (la, ea), (lb, eb) = ranked[0], ranked[-1]
                 if eb - ea >= 2:
                     notes.append(f"`{w}`, {c}: `{la}` errs {ea:.1f} points, `{lb}` {eb:.1f}: the "
                                  f"interval rule matters here, and `{la}` is closer to the truth.")
@@ -283,7 +326,7 @@ def derived_notes(result: dict) -> list[str]:
         if not ws["truth"]:
             continue
         p = min(ws["truth"].values(), key=lambda x: abs(x - 0.5))  # the noisiest share
-        for c in ("stackshot-5ms", "stackshot-1ms"):
+        for c in ours:
             e, a = ws["configs"].get(c, {}), ws["accuracy"].get(c, {})
             n = e.get("samples")
             err, pooled = a.get("error_points"), a.get("pooled_error_points")
@@ -297,14 +340,16 @@ def derived_notes(result: dict) -> list[str]:
                              f"{100 * p:.0f}% share by ±{se:.1f} points (one standard error); with all "
                              f"{a.get('runs', 'the')} runs pooled the error is {pooled:.1f} points, {verdict}.")
     for w, ws in s.items():
-        for c in ("stackshot-5ms", "stackshot-1ms"):
+        for c in ours:
             e = ws["configs"].get(c, {})
             if e.get("rate_ratio") is not None and e["rate_ratio"] < 0.95:
                 why = []
-                if w == "gil_call":
+                if e.get("engine", "python") != "python":
+                    pass  # the GIL-free engine: the figures do not say why
+                elif w == "gil_call":
                     why.append("no thread of the process can run while `sorted` holds the GIL, "
                                "so ticks due during the call are missed")
-                elif w in ("threads", "sleepers"):
+                elif w in ("threads", "sleepers", "threads8", "gevent_server"):
                     why.append("the collector competes for the GIL with the workload's busy threads")
                 notes.append(f"`{w}`, {c}: {e['rate_ratio']:.0%} of the requested rate, "
                              f"{e['late_fraction']:.0%} of ticks late, {e['missed_fraction']:.0%} of "
@@ -317,10 +362,96 @@ def derived_notes(result: dict) -> list[str]:
     return notes
 
 
+def _issue9_sections(result: dict) -> list[str]:
+    """The figures issue 9 asks for beside the tables above: what a tick costs the
+    collector and the program, the rate with 1 and 8 busy threads, and TVD from py-spy
+    on pure-Python programs beside py-spy's own run-to-run TVD."""
+    s = result["summary"]
+    configs = [c for c in result["configs"] if c != "none"]
+    ours = _ours(result)
+    lines: list[str] = []
+    if ours:
+        lines += ["## What a sample costs", "",
+                  "The collector's own CPU per tick (`RunInfo.collector_cpu / ticks`, median over runs), "
+                  "per workload:", ""]
+        lines += _table(["workload"] + ours, _config_rows(
+            s, ours, lambda e: _fmt(e.get("collector_cpu_per_tick_us"), ".1f", " µs")))
+    gap = s.get("gap")
+    if gap:
+        lines += ["The gap it leaves in the program (`gap`: a leaf loop recording every pause "
+                  "> 10 µs between its iterations with `perf_counter_ns`). *Hit*: the share of the "
+                  "sampler's ticks that fell inside a pause of the loop; *lost/tick*: the time of those "
+                  "pauses per tick (pauses over 2 ms, the OS running another process, left out); in "
+                  "brackets, the same for moments half a tick away from each tick (chance: pauses the "
+                  "ticks did not cause, on a loaded machine); "
+                  "*excess/tick*: all pauses of the run minus those of the paired no-profiler run, per "
+                  "tick (py-spy: per sample); *excess*: the same as a share of the run (noisier: the OS "
+                  "preempts the loop too). Unprofiled, the loop paused for "
+                  f"{_fmt(gap['configs'].get('none', {}).get('gap_share'), '.1%')} of its run.", ""]
+        rows = []
+        for c in configs:
+            e = gap["configs"].get(c)
+            if not e:
+                continue
+            rows.append([c, _fmt(e.get("gap_ticks_hit"), ".0%") + _paren(e.get("gap_chance_ticks_hit"), ".0%"),
+                         _fmt(e.get("gap_lost_us_per_tick"), ".1f", " µs")
+                         + _paren(e.get("gap_chance_lost_us_per_tick"), ".1f", " µs"),
+                         _fmt(e.get("gap_matched_median_us"), ".1f", " µs"),
+                         _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"),
+                         _fmt(e.get("gap_excess_share"), "+.1%")])
+        lines += _table(["profiler", "hit", "lost/tick", "median pause hit", "excess/tick", "excess"], rows)
+    rate_w = [w for w in ("deep", "threads8") if w in s]
+    if ours and rate_w:
+        lines += ["## Achieved rate with 1 and 8 busy threads (% of requested)", "",
+                  "From the profiled workload runs (`deep`: one busy thread; `threads8`: eight), and, where "
+                  "it ran, from `bench_sampler.py` (busy threads at the bottom of a 50-deep stack, 0.5 s):", ""]
+        header = ["row"] + [f"`{w}` ({'1 thread' if w == 'deep' else '8 threads'})" for w in rate_w]
+        mb = result.get("sampler_microbench") or {}
+        per_engine = mb if mb and "rate" not in mb else {"default": mb} if mb else {}
+        header += ["bench_sampler, 1 thread", "bench_sampler, 8 threads"]
+        from .harness import CONFIGS
+
+        rows = []
+        for c in ours:
+            row = [c] + [_fmt(s[w]["configs"].get(c, {}).get("rate_ratio"), ".1%") for w in rate_w]
+            conf = CONFIGS.get(c, {})
+            bench = per_engine.get(conf.get("engine")) or per_engine.get("default") or {}
+            for k in (1, 8):
+                hit = [x for x in bench.get("rate", []) if x["threads"] == k and abs(x["delay"] - conf.get("delay", 0)) < 1e-9]
+                row.append(_fmt(hit[0]["achieved_over_requested"], ".1%") if hit else "–")
+            rows.append(row)
+        lines += _table(header, rows)
+    tvd_w = [w for w, ws in s.items() if not ws["truth"]]
+    if tvd_w:
+        labels = [c for c in configs if any(c in s[w]["accuracy"] for w in tvd_w)]
+        lines += ["## Pure-Python programs against py-spy at 1000 Hz (TVD of self time, points)", "",
+                  "py-spy reads the stacks from outside without the GIL, so it has no GIL bias; its own "
+                  "run-to-run TVD (consecutive py-spy-1000 runs) is the noise floor beside each figure. "
+                  "A profiler's figure is the median over its runs of the TVD from all py-spy-1000 runs "
+                  "pooled (py-spy-1000 itself: from its other runs).", ""]
+        rows = []
+        for w in tvd_w:
+            ws = s[w]
+            rows.append([f"`{w}`", _fmt(ws.get("reference_noise", {}).get("median_pair_tvd"), ".1f")]
+                        + [_fmt(ws["accuracy"].get(c, {}).get("tvd_vs_reference"), ".1f") for c in labels])
+        lines += _table(["workload", "py-spy vs py-spy"] + labels, rows)
+    return lines
+
+
 def _microbench(mb: Optional[dict]) -> list[str]:
     if not mb:
         return []
-    lines = ["## The sampler alone (`benchmarks/bench_sampler.py`, 50-deep CPU-bound stack)", ""]
+    if "rate" not in mb and "error" not in mb:  # one result per engine
+        out: list[str] = []
+        for engine, one in mb.items():
+            if one:
+                out += _microbench_one(one, f", {engine} engine" if engine != "default" else "")
+        return out
+    return _microbench_one(mb, "")
+
+
+def _microbench_one(mb: dict, which: str) -> list[str]:
+    lines = [f"## The sampler alone (`benchmarks/bench_sampler.py`, 50-deep CPU-bound stack{which})", ""]
     if "error" in mb:
         return lines + [f"It failed: `{mb['error'][-300:]}`", ""]
     rows = [[f"slowdown at {x['delay'] * 1000:g} ms", f"{x['median_slowdown']:.3f}x",

@@ -1,9 +1,9 @@
 """A seconds-long smoke run of the benchmark harness (the benchmarks themselves never gate CI).
 
-It runs one workload with no profiler and stackshot only, in fresh subprocesses
-like the real thing, and checks that the JSON result and the Markdown table come
-out with the fields a reader (and the full run) relies on.  No figure is judged:
-on a shared machine the numbers are noise at this size.
+It runs workloads with no profiler and stackshot (Python engine) only, in fresh
+subprocesses like the real thing, and checks that the JSON result and the Markdown
+table come out with the fields a reader (and the full run) relies on.  No figure is
+judged: on a shared machine the numbers are noise at this size.
 """
 
 from __future__ import annotations
@@ -15,38 +15,70 @@ import sys
 
 from run_helpers import REPO, repo_env
 
+OURS = "stackshot-python-5ms"
 
-def test_smoke_run_writes_json_and_markdown(tmp_path):
+
+def _smoke(tmp_path, *extra: str) -> tuple[dict, str]:
     out_json, out_md = tmp_path / "results.json", tmp_path / "RESULTS.md"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--smoke", "--python", sys.executable,
-         "--json", str(out_json), "--markdown", str(out_md)],
+         "--json", str(out_json), "--markdown", str(out_md), *extra],
         cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out_json.read_text()), out_md.read_text()
 
-    result = json.loads(out_json.read_text())
+
+def test_smoke_run_writes_json_and_markdown(tmp_path):
+    result, md = _smoke(tmp_path)
     assert result["mode"] == "smoke"
-    assert result["configs"] == ["none", "stackshot-5ms"]
+    assert result["configs"] == ["none", OURS]
     assert result["errors"] == []
     for key in ("cpu", "cores", "python", "stackshot"):
         assert result["machine"][key]
     deep = result["summary"]["deep"]
     assert deep["truth"] is None  # judged against py-spy, which the smoke run does not run
-    ours = deep["configs"]["stackshot-5ms"]
+    ours = deep["configs"][OURS]
     for key in ("slowdown", "rate_ratio", "maxrss_mb", "column_bytes_per_sample", "analysis_seconds",
                 "collector_cpu_per_tick_us", "samples"):
         assert ours[key] is not None, key
     assert ours["slowdown"] > 0 and ours["samples"] > 0
-    assert {"stackshot-5ms", "stackshot-5ms (end)", "stackshot-5ms (midpoint)"} & set(deep["accuracy"])
-    assert any(t["what"].startswith("slowdown, stackshot-5ms") for t in result["targets"])
-    run = result["raw_runs"]["deep"]["stackshot-5ms"][0]
+    assert {OURS, f"{OURS} (end)", f"{OURS} (midpoint)"} & set(deep["accuracy"])
+    assert any(t["what"].startswith(f"slowdown, {OURS}") for t in result["targets"])
+    run = result["raw_runs"]["deep"][OURS][0]
     assert run["profiles"]["midpoint"]["inclusive"]["deep_main"] > 0
+    # the engine the run used is recorded, and the probe agrees that Python's is there
+    assert run["stats"]["engine"] == "python" and result["engines"]["python"]["ok"]
 
-    md = out_md.read_text()
-    for heading in ("# stackshot benchmarks", "## stackshot against its targets", "## Slowdown",
-                    "## Accuracy", "## Achieved sampling rate", "## Memory", "## Analysis time"):
+    for heading in ("# stackshot benchmarks", "## Issue 9's targets", "## stackshot against its targets",
+                    "## Slowdown", "## Accuracy", "## Achieved sampling rate", "## Memory", "## Analysis time",
+                    "## What a sample costs"):
         assert heading in md, heading
-    assert "stackshot-5ms" in md and "`deep`" in md and result["machine"]["python"] in md
+    assert OURS in md and "`deep`" in md and result["machine"]["python"] in md
+
+
+def test_smoke_issue9_workloads(tmp_path):
+    """The issue-9 workloads run, measure their truths and report the program's pauses."""
+    new = ["bursty", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap"]
+    result, md = _smoke(tmp_path, "--workloads", ",".join(new))
+    assert result["errors"] == []
+    s = result["summary"]
+    for w in ("bursty", "io_mix", "gevent_server", "threads8"):
+        truth = s[w]["truth"]
+        assert truth and abs(sum(truth.values()) - 1) < 1e-9 and set(truth) == set(s[w]["parts"]), w
+        assert s[w]["accuracy"][OURS]["error_points"] is not None, w
+    assert s["bursty"]["truth"]["bst_crunch"] > 0.5  # the naps take (almost) no CPU
+    assert len(s["threads8"]["parts"]) == 8 and s["threads8"]["configs"][OURS]["rate_ratio"] is not None
+    for w in ("spectral_norm", "nbody"):
+        assert s[w]["truth"] is None and "reference_noise" in s[w]
+    gap = s["gap"]["configs"]
+    assert gap["none"]["gap_share"] is not None
+    assert 0 <= gap[OURS]["gap_ticks_hit"] <= 1 and gap[OURS]["gap_lost_us_per_tick"] >= 0
+    stats = result["raw_runs"]["gap"][OURS][0]["workload_stats"]
+    assert stats["iterations"] > 0 and stats["gap_ticks"] > 0
+    for heading in ("## What a sample costs", "## Achieved rate with 1 and 8 busy threads",
+                    "## Pure-Python programs against py-spy"):
+        assert heading in md, heading
+    assert "`gevent_server`" in md and "`threads8`" in md
 
 
 def test_attribution_reduces_stacks_and_tables():

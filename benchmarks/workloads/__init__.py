@@ -19,6 +19,9 @@ Each module is one workload and offers the same small interface, used by
     ``seconds``; the same params are then used for every profiler, so all of them
     do exactly the same work.
 ``setup(params) -> state`` (untimed) and ``run(state) -> {part: seconds}`` (timed).
+``report(state) -> dict`` (optional, untimed)
+    figures the workload measured about itself during the run (``gap``: the pauses
+    its loop saw), kept as the run's ``workload_stats``.
 
 Function names carry a per-workload prefix so that a bare function name identifies
 one function across every profiler's output format.
@@ -31,7 +34,8 @@ import os
 import time
 from typing import Any, Callable
 
-WORKLOADS = ("deep", "function_bias", "threads", "sleepers", "gil_call", "greenlets")
+WORKLOADS = ("deep", "function_bias", "threads", "sleepers", "gil_call", "greenlets",
+             "bursty", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap")
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -28,10 +28,32 @@ def thr_spin(n: int) -> int:
     return s
 
 
-def _timed(fn: Any, n: int, name: str, out: dict) -> None:
+def _timed(fn: Any, n: int, out: dict, start: threading.Event) -> None:
+    start.wait()
     t0 = time.thread_time()
     fn(n)
-    out[name] = time.thread_time() - t0
+    out[fn.__name__] = time.thread_time() - t0
+
+
+def calibrate_units(spin: Any, weights: tuple, seconds: float) -> list:
+    """Units of ``spin`` per thread, in the ratio ``weights``, about ``seconds`` of CPU in all."""
+    unit = seconds_per_unit(spin, 300_000)
+    base = seconds / sum(weights) / unit
+    return [round(base * w) for w in weights]
+
+
+def run_busy_threads(workers: tuple, units: list) -> dict:
+    """Each worker in its own thread on its units, all released at once; their CPU times."""
+    out: dict = {}
+    start = threading.Event()
+    threads = [threading.Thread(target=_timed, args=(fn, n, out, start), name=fn.__name__)
+               for fn, n in zip(workers, units)]
+    for t in threads:
+        t.start()
+    start.set()
+    for t in threads:
+        t.join()
+    return out
 
 
 def thr_work_1(n: int) -> int:
@@ -47,9 +69,7 @@ def thr_work_3(n: int) -> int:
 
 
 def calibrate(seconds: float) -> dict:
-    unit = seconds_per_unit(thr_spin, 300_000)
-    base = seconds / sum(WEIGHTS) / unit
-    return {"units": [round(base * w) for w in WEIGHTS]}
+    return {"units": calibrate_units(thr_spin, WEIGHTS, seconds)}
 
 
 def setup(params: dict) -> Any:
@@ -57,14 +77,7 @@ def setup(params: dict) -> Any:
 
 
 def thr_main(units: list) -> dict:
-    out: dict = {}
-    workers = [threading.Thread(target=_timed, args=(fn, n, fn.__name__, out), name=fn.__name__)
-               for fn, n in zip((thr_work_1, thr_work_2, thr_work_3), units)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return out
+    return run_busy_threads((thr_work_1, thr_work_2, thr_work_3), units)
 
 
 def run(state: Any) -> dict:
