@@ -169,7 +169,6 @@ def consume_snapshots(s: Snapshots) -> None:
         if isinstance(out, str):
             encode_text(out)
     snapshots_html(s)
-    s._repr_html_()
 
 
 _RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\ud800-\udfff]")

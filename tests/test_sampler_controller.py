@@ -288,6 +288,7 @@ def test_the_bounds_themselves_are_accepted_and_work(delay):
         assert ctl("get-errors") == []
 
 
+@pytest.mark.engines("python")  # the native engine never changes the switch interval
 def test_a_switch_interval_the_program_sets_while_sampling_is_kept():
     import sys
 

@@ -93,7 +93,8 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     # wide enough for every label up to the cap; a longer one pushes only its own
     # percentage right, still two spaces clear of it
     pct_w = 7  # "100.0%" and a space
-    name_w = min(WIDTH - (lead + 2 + 2 + pct_w), max(len("Name+src"), *map(len, labels.values())))
+    # (at least the header's width: huge times can leave no room within WIDTH)
+    name_w = max(len("Name+src"), min(WIDTH - (lead + 2 + 2 + pct_w), max(len("Name+src"), *map(len, labels.values()))))
     width = max(lead + 2 + name_w + 2 + pct_w, 60)
 
     out.append("")
@@ -139,7 +140,7 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
     lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
     engines = sorted({r.engine for r in profile.runs if getattr(r, "engine", "")})
     if engines:
-        lines.append(f"  Engine: {', '.join(engines)}")
+        lines.append(f"  Engine: {printable(', '.join(engines))}")
     threads = profile.thread_times
     if len(threads) > 1:
         parts = []

@@ -19,6 +19,7 @@
 #include "markstacks.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -452,6 +453,12 @@ static void tick(Engine *e, int64_t now) {
 static void *collector_main(void *arg) {
     Engine *e = (Engine *)arg;
     int64_t deadline = 0;
+    /* SCHED_BATCH: when the collector wakes it does not preempt the thread on its
+     * core (a thread of the program, on a busy machine); it runs on a free core, or
+     * at the next scheduling point. A tick may start a little late; the program is
+     * not stopped for it. Unprivileged; if refused, the default policy stays. */
+    struct sched_param param = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
     pthread_mutex_lock(&e->lock);
     while (!e->stopped) {
         if (e->paused) {
