@@ -19,13 +19,40 @@ from typing import Any, Callable, Hashable, Optional, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# frame -> [(key, value), ...], outermost extent first.  Read by the collector with
-# one dict lookup per frame it walks; written only by the frame's own thread.
-frame_marks: dict[FrameType, list[tuple[Hashable, Any]]] = {}
+# frame -> ((key, value), ...), outermost extent first.  Read by the collector with
+# one dict lookup per frame it walks; written only by the frame's own thread, each
+# change one store of a new tuple (a reader never sees a half-made change).
+frame_marks: dict[FrameType, tuple[tuple[Hashable, Any], ...]] = {}
+
+
+def _unmark(frame: FrameType, entry: tuple) -> None:
+    """Take ``entry`` (compared by identity) off ``frame``; doing it twice is harmless."""
+    old = frame_marks.get(frame, ())
+    rest = tuple(e for e in old if e is not entry)
+    if len(rest) != len(old):
+        if rest:
+            frame_marks[frame] = rest
+        else:
+            frame_marks.pop(frame, None)
 
 
 class mark:
-    """Set ``key`` to ``value`` for a dynamic extent: a context manager and decorator."""
+    """Set ``key`` to ``value`` for a dynamic extent: a context manager and decorator.
+
+    A ``KeyboardInterrupt`` (or any exception a signal handler raises) can land
+    between any two instructions of ``__enter__`` and ``__exit__``.  A mark left
+    behind would be carried by every later sample of its frame, so both are written
+    to end in a consistent state when interrupted: ``__enter__`` commits in one store
+    and undoes a commit that an interruption cut short before it returned;
+    ``__exit__`` takes the mark off (idempotently) inside ``try`` and takes it off
+    again on the interruption before letting it go on.
+
+    Two places stay open, which Python code cannot guard: an interruption handled at
+    the entry of ``__exit__``, before its ``try`` (3.11+ check for signals there),
+    and, on 3.10 only, one handled between ``__enter__``'s commit and its return
+    (3.10 checks between most instructions; 3.11+ only at function entries, backward
+    jumps and after calls, and there are none after the commit).
+    """
 
     __slots__ = ("key", "value", "_frames")
 
@@ -36,21 +63,33 @@ class mark:
             raise TypeError(f"mark key must be hashable, not {type(key).__name__}") from None
         self.key = key
         self.value = value
-        self._frames: list[FrameType] = []
+        self._frames: list[tuple[FrameType, tuple]] = []  # (frame, entry) per open extent
 
     def __enter__(self) -> "mark":
         frame = sys._getframe(1)
-        self._frames.append(frame)
-        frame_marks.setdefault(frame, []).append((self.key, self.value))
-        return self
+        extent = (frame, (self.key, self.value))
+        try:
+            self._frames.append(extent)
+            frame_marks[frame] = frame_marks.get(frame, ()) + (extent[1],)
+            return self
+        except BaseException:
+            _unmark(*extent)
+            if extent in self._frames:
+                self._frames.remove(extent)
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        frame = self._frames.pop()
-        entries = frame_marks.get(frame)
-        if entries:
-            entries.pop()
-            if not entries:
-                del frame_marks[frame]
+        try:
+            self._close(sys._getframe(1))
+        except BaseException:
+            self._close(sys._getframe(1))
+            raise
+
+    def _close(self, frame: FrameType) -> None:
+        extents = self._frames
+        if extents and extents[-1][0] is frame:
+            _unmark(*extents[-1])
+            extents.pop()
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn`` so every call of it runs inside this mark."""
@@ -85,6 +124,6 @@ def current_marks(key: Hashable, frame: Optional[FrameType] = None) -> list[Any]
     while f is not None:
         entries = frame_marks.get(f)
         if entries:
-            out.extend(v for k, v in reversed(entries) if k == key)
+            out.extend(e[1] for e in reversed(entries) if e[0] == key)
         f = f.f_back
     return out

@@ -5,6 +5,12 @@ it every switch interval (5 ms by default): asked for 1000 Hz, a naive sampler g
 about 300 Hz here.  While some sampler runs with a delay below the interval, the
 interval is lowered to half the smallest delay; when the last one pauses or stops,
 the interval the program had is put back.
+
+:func:`want` and :func:`release` are called from controller messages, which may run
+in a signal handler that interrupted one of them on the same thread.  The lock is
+reentrant (so that handler does not deadlock), and :func:`_apply` computes the
+interval from the claims as they are when it ends: a call that ran in between bumps
+the generation, and the interrupted one computes again.
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ import sys
 
 from . import realthreads
 
-_lock = realthreads.allocate_lock()
+_lock = realthreads.allocate_rlock()
 _wanted: dict[int, float] = {}
 _saved: list[float] = []  # the program's own interval while we hold it lowered
+_generation = [0]
 _FLOOR = 0.0001  # below this the interpreter spends its time switching
 
 
@@ -23,31 +30,42 @@ def want(owner: int, delay: float) -> None:
     """``owner`` samples every ``delay`` seconds from now on."""
     with _lock:
         _wanted[owner] = delay
+        _generation[0] += 1
         _apply()
 
 
 def release(owner: int) -> None:
     """``owner`` no longer needs a lowered interval (paused or stopped)."""
     with _lock:
-        _wanted.pop(owner, None)
+        if owner in _wanted:
+            _wanted.pop(owner, None)
+            _generation[0] += 1
         _apply()
 
 
 def _apply() -> None:
-    base = _saved[0] if _saved else sys.getswitchinterval()
-    target = min((max(d / 2, _FLOOR) for d in _wanted.values()), default=base)
-    if target < base:
-        if not _saved:
-            _saved.append(base)
-        sys.setswitchinterval(target)
-    elif _saved:
-        sys.setswitchinterval(_saved.pop())
+    # Ordering keeps _saved truthful at every instruction: the program's interval is
+    # saved before the interval is lowered, and forgotten after it is put back.
+    while True:
+        seen = _generation[0]
+        saved = _saved[:1]
+        base = saved[0] if saved else sys.getswitchinterval()
+        target = min((max(d / 2, _FLOOR) for d in list(_wanted.values())), default=base)
+        if target < base:
+            if not _saved:
+                _saved.append(base)
+            sys.setswitchinterval(target)
+        elif saved:
+            sys.setswitchinterval(saved[0])
+            _saved.clear()
+        if _generation[0] == seen:
+            return
 
 
 def forget_after_fork() -> None:
     """In a forked child no collector runs: give the child its interval back."""
     global _lock
-    _lock = realthreads.allocate_lock()
+    _lock = realthreads.allocate_rlock()
     _wanted.clear()
     if _saved:
         sys.setswitchinterval(_saved.pop())
