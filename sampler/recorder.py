@@ -46,18 +46,22 @@ _RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERA
 class _Context:
     """Per thread/greenlet state between ticks, and its walk cache.
 
-    The walk cache (``top``, ``top_lasti``, ``top_sid``, ``base_sid``, ``base_marks``)
-    remembers the last sampled top frame.  A frame of a plain function runs from its
-    call to its return, and while it runs its callers are suspended in their calls:
-    if the same frame object is on top at the next tick, every caller below it and
-    every caller's instruction offset and marks are unchanged, so only the top frame
-    is read again.  ``top`` keeps that one frame object alive until this context's
-    next sample (one delay), or until the end of the first tick that does not sample
-    this context (the recorder drops it then).
+    The walk cache remembers the last sampled top frame (``top``: its offset, its
+    stack id, and the stack id and marks below it) and the top's caller (``back``:
+    the stack id and marks below it).  A frame of a plain function runs from its call
+    to its return, and while it runs its callers are suspended in their calls: if the
+    same frame object is still in the stack at the next tick, every frame below it
+    and their offsets and marks are unchanged, so only the frames above it (and its
+    own offset and marks) are read again.  Generator and coroutine frames, which are
+    suspended and resumed under other callers, are never cached.  ``top`` and
+    ``back`` keep those two frame objects alive until this context's next sample
+    (one delay), or until the end of the first tick that does not sample this
+    context (the recorder drops them then).
     """
 
     __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident",
-                 "top", "top_lasti", "top_sid", "base_sid", "base_marks", "tick")
+                 "top", "top_lasti", "top_sid", "base_sid", "base_marks", "back",
+                 "back_base_sid", "back_base_marks", "tick")
 
     def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
@@ -73,6 +77,9 @@ class _Context:
         self.top_sid = 0
         self.base_sid = 0
         self.base_marks: tuple = ()
+        self.back: Optional[FrameType] = None  # the top's caller, when a plain frame
+        self.back_base_sid = 0
+        self.back_base_marks: tuple = ()
         self.tick = -1
 
 
@@ -244,7 +251,7 @@ class Recorder:
             if cpu_us is None:
                 continue
             sid, marks = self._walk(ctx, frame)
-            if ctx.top is not None:
+            if ctx.top is not None or ctx.back is not None:
                 kept += 1
             walked.append((target, ctx, cpu_us, frame, sid, marks))
         if kept != len(self._walked):
@@ -266,7 +273,7 @@ class Recorder:
                 if now_at is frame:
                     self._store(ctx, sid, marks, wall_us, cpu_us)
                     continue
-                ctx.top = None  # the walk may have seen a stack being torn down
+                ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
                 if target.kind == "thread" and now_at is not None and attempt < 2:
                     again.append((target, ctx, cpu_us, now_at) + self._walk(ctx, now_at))
                 else:
@@ -304,8 +311,16 @@ class Recorder:
         return ctx.cpu_us
 
     def _walk(self, ctx: _Context, frame: FrameType) -> tuple[int, tuple]:
-        """The stack id and the marks (innermost first) of the stack topped by ``frame``."""
+        """The stack id and the marks (innermost first) of the stack topped by ``frame``.
+
+        Three cheap cases before a full walk: ``frame`` is the cached top (same or new
+        offset); its caller is the cached top or the cached top's caller (a call made
+        or a sibling call since: everything below that caller is unchanged); it is the
+        cached top's caller (the top returned).  Call-heavy code lands in the middle
+        case at almost every tick.
+        """
         want_marks = self.sample_marks is not None
+        ctx.tick = self._tick
         if frame is ctx.top:
             lasti = frame.f_lasti
             if lasti == ctx.top_lasti:
@@ -313,34 +328,61 @@ class Recorder:
             else:
                 sid = ctx.top_sid = self._child(ctx.base_sid, frame.f_code, lasti)
                 ctx.top_lasti = lasti
-            ctx.tick = self._tick
             if want_marks:
                 return sid, self._marks_of(frame) + ctx.base_marks
             return sid, ()
-        chain = []
-        f: Optional[FrameType] = frame.f_back
-        while f is not None:
-            chain.append(f)
-            f = f.f_back
-        sid = 0
-        base_marks: tuple = ()
-        child = self._child
-        for f in reversed(chain):  # outermost first
-            sid = child(sid, f.f_code, f.f_lasti)
-            if want_marks:
-                own = self._marks_of(f)
-                if own:
-                    base_marks = own + base_marks
-        del chain, f
+        back = frame.f_back
+        if back is not None and (back is ctx.top or back is ctx.back):
+            if back is ctx.top:
+                below, below_marks = ctx.base_sid, ctx.base_marks
+            else:
+                below, below_marks = ctx.back_base_sid, ctx.back_base_marks
+            sid = self._child(below, back.f_code, back.f_lasti)
+            base_marks = self._marks_of(back) + below_marks if want_marks else ()
+            ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
+        elif frame is ctx.back:
+            sid, base_marks = ctx.back_base_sid, ctx.back_base_marks
+            ctx.back = None  # its caller's own base is not known
+        else:
+            chain = []
+            f: Optional[FrameType] = back
+            while f is not None:
+                chain.append(f)
+                f = f.f_back
+            sid = 0
+            base_marks = ()
+            below, below_marks = 0, ()
+            # self._child inlined: this loop is the cost of a walk that misses
+            codes = self._codes
+            known = self._trie._stack_ids
+            for f in reversed(chain):  # outermost first
+                below, below_marks = sid, base_marks
+                code = f.f_code
+                lasti = f.f_lasti
+                entry = codes.get(id(code))
+                fid = entry.get(lasti) if entry is not None else None
+                if fid is None:
+                    fid = self._frame_id(code, lasti)
+                sid = known.get((sid, fid)) or self._trie.stack_id(sid, fid)
+                if want_marks:
+                    own = self._marks_of(f)
+                    if own:
+                        base_marks = own + base_marks
+            del chain, f
+            if back is not None and not back.f_code.co_flags & _RESUMABLE:
+                ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
+            else:
+                ctx.back = None
         code = frame.f_code
         lasti = frame.f_lasti
-        top_sid = child(sid, code, lasti)
+        top_sid = self._child(sid, code, lasti)
         if code.co_flags & _RESUMABLE:
             ctx.top = None
         else:
-            self._walked[ctx] = None
             ctx.top, ctx.top_lasti, ctx.top_sid = frame, lasti, top_sid
-            ctx.base_sid, ctx.base_marks, ctx.tick = sid, base_marks, self._tick
+            ctx.base_sid, ctx.base_marks = sid, base_marks
+        if ctx.top is not None or ctx.back is not None:
+            self._walked[ctx] = None
         if want_marks:
             return top_sid, self._marks_of(frame) + base_marks
         return top_sid, ()
@@ -364,8 +406,8 @@ class Recorder:
         """Let go of the cached top frame of every context not sampled this tick."""
         tick = self._tick
         for ctx in list(self._walked):
-            if ctx.tick != tick or ctx.top is None:
-                ctx.top = None
+            if ctx.tick != tick or (ctx.top is None and ctx.back is None):
+                ctx.top = ctx.back = None
                 del self._walked[ctx]
 
     def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int) -> None:
@@ -378,7 +420,7 @@ class Recorder:
         frames.  A context that is merely untracked for a while keeps its id."""
         for key in [k for k in self._contexts if k not in live_keys and key_has_ended(k)]:
             ctx = self._contexts.pop(key)
-            ctx.top = None
+            ctx.top = ctx.back = None
 
     def repair(self) -> None:
         """Trim the columns to a common length after an interrupted append."""
@@ -395,7 +437,7 @@ class Recorder:
         del self.stack_frame[n_stacks:]
         del self.stack_parent[n_stacks:]
         for ctx in self._contexts.values():
-            ctx.top = None  # a cached walk may name a stack that was just trimmed
+            ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
         self._walked.clear()
 
     # -- reading (any thread, any time, no lock) -----------------------------------------
