@@ -169,7 +169,9 @@ def _finished(t: threading.Thread) -> bool:
     """Whether ``t`` has run and ended.  Not ``ident is not None and not
     is_alive()``: a thread being started has its ident a moment before it counts as
     alive (``Thread._started`` is set after), and pruning it then lost it for good."""
-    if t.is_alive():
-        return False
     started = getattr(t, "_started", None)
-    return t.ident is not None and (started is None or started.is_set())
+    # In this order: "started" must be seen before "not alive", or a thread that
+    # becomes started between the two reads looks finished.
+    if t.ident is None or (started is not None and not started.is_set()):
+        return False
+    return not t.is_alive()
