@@ -29,13 +29,27 @@ _SHORT_WAIT = 0.02
 class Collector:
     """Scheduling state shared by the collector thread and the controller.
 
-    The controller changes ``paused``/``stopped``/``delay``/``tracker`` under
-    ``state_lock`` and then calls :meth:`wake`; the collector reads them at the top
-    of each turn of its loop.
+    The contract with the controller (any engine's collector class that keeps it can
+    be dropped in):
+
+    * constructor ``(tracker, delay, recorder)``; :meth:`start`, :meth:`wake`,
+      :meth:`join`, :meth:`reset_after_fork`.
+    * The controller writes ``tracker``, ``delay`` and ``stopped`` as plain
+      attributes, and pauses through :meth:`pause` / :meth:`resume` (``paused`` is
+      the nesting depth, read-only); then it calls :meth:`wake`.  No lock is shared:
+      each write is one atomic store (or one list append/pop, for the pause depth),
+      and the collector reads each value at the top of each turn of its loop.  So a
+      controller message can run anywhere -- in any thread, or in a signal handler
+      that interrupted another message, or the collector's own code on the main
+      thread -- without ever waiting for a lock its own thread holds.
+    * The collector is the recorder's only writer; readers read the recorder
+      without a lock (see :mod:`sampler.recorder`).
+    * Statistics (``ticks``, ``late_ticks``, ``missed_ticks``, ``errors``,
+      ``error_count``, ``collector_cpu``) are written by the collector thread only.
     """
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        self.state_lock = realthreads.allocate_lock()
+        self._pauses: list[None] = []  # one item per pause not yet resumed
         self._wake = realthreads.allocate_lock()
         self._wake.acquire()  # held: acquire(timeout) below is an interruptible sleep
         self._done = realthreads.allocate_lock()
@@ -43,7 +57,6 @@ class Collector:
         self.tracker = tracker
         self.delay = delay
         self.recorder = recorder
-        self.paused = 0
         self.stopped = False
         self.ident: Optional[int] = None
         # statistics (written by the collector thread only)
@@ -56,6 +69,21 @@ class Collector:
         self.errors: list[str] = []
 
     # -- controller side -------------------------------------------------------
+    @property
+    def paused(self) -> int:
+        """How many pauses are not resumed yet."""
+        return len(self._pauses)
+
+    def pause(self) -> int:
+        """One more pause; returns the depth it made (1 for the first)."""
+        self._pauses.append(None)
+        return len(self._pauses)
+
+    def resume(self) -> int:
+        """Undo one pause; returns the depth left.  ``IndexError`` when not paused."""
+        self._pauses.pop()
+        return len(self._pauses)
+
     @property
     def collector_cpu(self) -> float:
         """CPU seconds the collector thread has used, read from outside it (reading
@@ -82,14 +110,13 @@ class Collector:
 
     def reset_after_fork(self) -> None:
         """In a forked child the thread is gone and its locks may be held forever."""
-        self.state_lock = realthreads.allocate_lock()
         self._wake = realthreads.allocate_lock()
         self._wake.acquire()
         self._done = realthreads.allocate_lock()
         self.stopped = True
         if self._final_cpu is None:
             self._final_cpu = 0.0  # the parent's collector cannot be read from here
-        self.recorder.lock = realthreads.allocate_lock()
+        self.recorder.lock = realthreads.allocate_rlock()
         self.recorder.repair()
 
     # -- the thread ------------------------------------------------------------
@@ -112,14 +139,13 @@ class Collector:
         deadline: Optional[float] = None
         perf_counter = time.perf_counter
         while True:
-            with self.state_lock:
-                stopped, paused, delay, tracker = self.stopped, self.paused, self.delay, self.tracker
-            if stopped:
+            if self.stopped:
                 return
-            if paused:
+            if self._pauses:
                 self._wake.acquire()
                 deadline = None
                 continue
+            delay, tracker = self.delay, self.tracker
             now = perf_counter()
             if deadline is None:
                 deadline = now
@@ -148,19 +174,26 @@ class Collector:
                 realthreads.sleep(0)  # let the program run between back-to-back ticks
 
     def _tick(self, tracker: Tracker, now: float) -> None:
+        """One pass: the frames of every thread, the targets among them (cached by
+        the tracker), one walk each (mostly a cache hit, see the recorder).  No lock:
+        this thread is the recorder's only writer.  Frames are dropped when the tick
+        ends, but the top frame of each sampled context, which the recorder keeps
+        until that context's next sample."""
         recorder = self.recorder
         try:
             frames = sys._current_frames()
             targets = tracker.targets(frames)
             del frames
-            with recorder.lock:
-                recorder.record_tick(targets, now)
-                if self.ticks % 256 == 255:
-                    recorder.forget_dead({t.key for t, _ in targets})
+            recorder.record_tick(targets, now)
+            if recorder.targets_stale:
+                recorder.targets_stale = False
+                tracker.invalidate()
+            if self.ticks % 256 == 255:
+                recorder.forget_dead({t.key for t, _ in targets})
+            del targets
         except Exception:
             self._record_error()
-            with recorder.lock:
-                recorder.repair()
+            recorder.repair()
 
     def _record_error(self) -> None:
         self.error_count += 1

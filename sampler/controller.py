@@ -9,6 +9,7 @@ because that is what a Python user reaches for.
 from __future__ import annotations
 
 import atexit
+import itertools
 import math
 import numbers
 import os
@@ -34,6 +35,7 @@ _TAKES_ARGUMENT = {"set-tracked!", "set-delay!"}
 _STOP_TIMEOUT = 5.0
 _MISSING: Any = object()
 _live: "weakref.WeakSet[Sampler]" = weakref.WeakSet()
+_tokens = itertools.count(1)
 
 
 class SamplerError(RuntimeError):
@@ -85,7 +87,20 @@ def _check_custom_keys(custom_keys: Any) -> tuple:
 
 
 class Sampler:
-    """The controller of one sampler run.  Create it with :func:`create_sampler`."""
+    """The controller of one sampler run.  Create it with :func:`create_sampler`.
+
+    Every message is safe to send from any thread, at any time, and from a signal
+    handler -- also one that interrupted another message, or ran while the collector
+    was recording: no message waits for a lock that its own thread may hold (see
+    :class:`~sampler.collector.Collector` for the contract with the collector).
+    Changes are single atomic stores, and what follows from them (the accounting of
+    sampled time, the shared switch interval) is brought in line by :meth:`_sync`,
+    which is idempotent and runs again until the state it acted on is still current.
+
+    A controller that becomes unreachable without ``stop`` is stopped then (its
+    collector thread ends and the switch interval is given back); one still running
+    at interpreter exit is stopped at exit.
+    """
 
     def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable],
                  engine: str = "python") -> None:
@@ -102,16 +117,18 @@ class Sampler:
         self._collector = collector_class(Tracker(flatten(to_track)), delay, self._recorder)
         # Only a collector that takes the GIL needs the switch interval lowered.
         self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
+        self._token = next(_tokens)  # this run's claim on the switch interval
         self._stop_time: Optional[float] = None
         self._forked = False
-        # Time and process CPU while not paused (Racket's cpu time), accumulated at
-        # each pause and stop; _open_* mark the start of the current interval.
-        self._sampling_wall = 0.0
-        self._process_cpu = 0.0
-        self._open_wall: Optional[float] = self._start
-        self._open_cpu: Optional[float] = time.process_time()
-        self._want_interval(delay)
+        # Time and process CPU while not paused (Racket's cpu time): closed intervals
+        # as (wall, cpu) items, and the open one's start, if any.  Lists, because an
+        # append or a pop is atomic even against a signal handler.
+        self._closed: list[tuple[float, float]] = []
+        self._opened: list[tuple[float, float]] = [(self._start, time.process_time())]
+        if self._lowers_interval:
+            switchinterval.want(self._token, delay)
         _live.add(self)
+        self._finalizer = weakref.finalize(self, _stop_dropped, self._collector, self._token)
         self._collector.start()
 
     # -- the Racket face ---------------------------------------------------------
@@ -145,39 +162,28 @@ class Sampler:
     # -- methods -----------------------------------------------------------------
     def pause(self) -> None:
         """Stop collecting until a matching :meth:`resume`; pauses nest."""
-        c = self._collector
-        with c.state_lock:
-            c.paused += 1
-            if c.paused == 1 and not c.stopped:
-                self._close_interval()
-                self._release_interval()
-        c.wake()
+        self._collector.pause()
+        self._sync()
+        self._collector.wake()
 
     def resume(self) -> None:
         """Undo one :meth:`pause`; a resume without a pause is an error."""
-        c = self._collector
-        with c.state_lock:
-            if c.paused == 0:
-                raise SamplerError("'resume' without a matching 'pause'")
-            c.paused -= 1
-            if c.paused == 0 and not c.stopped:
-                self._open_interval()
-                self._want_interval(c.delay)
-        c.wake()
+        try:
+            self._collector.resume()
+        except IndexError:
+            raise SamplerError("'resume' without a matching 'pause'") from None
+        self._sync()
+        self._collector.wake()
 
     def stop(self) -> None:
         """End the collector thread for good (idempotent); snapshots stay readable."""
         c = self._collector
-        with c.state_lock:
-            first = not c.stopped
-            if first:
-                c.stopped = True
-                if not c.paused:
-                    self._close_interval()
+        if not c.stopped:
+            if self._stop_time is None:
                 self._stop_time = time.perf_counter()
-        if first:
-            self._release_interval()
+            c.stopped = True
             c.wake()
+        self._sync()
         if not self._forked:
             c.join(_STOP_TIMEOUT)
 
@@ -185,44 +191,35 @@ class Sampler:
         """Track something else; a number changes the delay (Racket's documented form)."""
         if isinstance(to_track, numbers.Real) and not isinstance(to_track, bool):
             return self.set_delay(to_track)
-        tracker = Tracker(flatten(to_track))
-        c = self._collector
-        with c.state_lock:
-            c.tracker = tracker
-        c.wake()
+        self._collector.tracker = Tracker(flatten(to_track))
+        self._collector.wake()
 
     def set_delay(self, delay: float) -> None:
         """Change the seconds between snapshots from now on."""
-        value = _check_delay(delay)
-        c = self._collector
-        with c.state_lock:
-            c.delay = value
-            if not c.paused and not c.stopped:
-                self._want_interval(value)
-        c.wake()
+        self._collector.delay = _check_delay(delay)
+        self._sync()
+        self._collector.wake()
 
     def get_snapshots(self) -> Snapshots:
         """Everything collected so far: a frozen copy, as often as you like."""
         flush = getattr(self._collector, "flush", None)
         if flush is not None:
-            flush()  # samples the engine holds natively
-        run = self._run_info()
-        with self._recorder.lock:
-            return self._recorder.snapshot(run)
+            flush()  # the samples an engine holds natively
+        return self._recorder.snapshot(self._run_info())
 
     def get_custom_snapshots(self) -> list[tuple]:
         """Per sample, oldest first, the mark vectors of the custom keys, innermost
         extent first (Racket's ``continuation-mark-set->list*`` shape)."""
-        with self._recorder.lock:
-            return self._recorder.custom_snapshots()
+        return self._recorder.custom_snapshots()
 
     # -- state -----------------------------------------------------------------
     @property
     def errors(self) -> list[str]:
         """Tracebacks of exceptions raised inside the collector (never in the program)."""
         c = self._collector
-        extra = c.error_count - len(c.errors)
-        return list(c.errors) + ([f"... and {extra} more"] if extra > 0 else [])
+        errors = list(c.errors)
+        extra = c.error_count - len(errors)
+        return errors + ([f"... and {extra} more"] if extra > 0 else [])
 
     @property
     def paused(self) -> bool:
@@ -246,34 +243,47 @@ class Sampler:
         state = "stopped" if self.stopped else "paused" if self.paused else "sampling"
         return f"<Sampler {state}, delay {self.delay}s, {len(self._recorder.sample_thread)} samples>"
 
-    # -- accounting ---------------------------------------------------------------
-    def _want_interval(self, delay: float) -> None:
-        if self._lowers_interval:
-            switchinterval.want(id(self), delay)
-
-    def _release_interval(self) -> None:
-        if self._lowers_interval:
-            switchinterval.release(id(self))
-
-    def _open_interval(self) -> None:
-        self._open_wall = time.perf_counter()
-        self._open_cpu = time.process_time()
+    # -- keeping the consequences in line ---------------------------------------------
+    def _sync(self) -> None:
+        """Make the sampled-time accounting and the switch interval follow the
+        collector's state.  Idempotent; a handler or another thread that changes the
+        state meanwhile makes it look again, so the last one to finish leaves it right."""
+        c = self._collector
+        while True:
+            state = (c.paused, c.stopped, c.delay)
+            if not state[0] and not state[1] and not self._forked:
+                if not self._opened:
+                    self._opened.append((time.perf_counter(), time.process_time()))
+                if self._lowers_interval:
+                    switchinterval.want(self._token, state[2])
+            else:
+                self._close_interval()
+                if self._lowers_interval:
+                    switchinterval.release(self._token)
+            if (c.paused, c.stopped, c.delay) == state:
+                return
 
     def _close_interval(self) -> None:
-        if self._open_wall is not None and self._open_cpu is not None:
-            self._sampling_wall += time.perf_counter() - self._open_wall
-            self._process_cpu += time.process_time() - self._open_cpu
-        self._open_wall = self._open_cpu = None
+        opened = None
+        while self._opened:
+            try:
+                opened = self._opened.pop()
+            except IndexError:
+                break
+        if opened is not None:
+            self._closed.append((time.perf_counter() - opened[0], time.process_time() - opened[1]))
 
     def _run_info(self) -> RunInfo:
         c = self._collector
-        with c.state_lock:
-            wall, cpu = self._sampling_wall, self._process_cpu
-            if self._open_wall is not None and self._open_cpu is not None:
-                wall += time.perf_counter() - self._open_wall
-                cpu += time.process_time() - self._open_cpu
-            end = self._stop_time if self._stop_time is not None else time.perf_counter()
-            delay = c.delay
+        closed = self._closed[:]
+        opened = self._opened[:1]
+        wall = sum(w for w, _ in closed)
+        cpu = sum(p for _, p in closed)
+        if opened:
+            wall += time.perf_counter() - opened[0][0]
+            cpu += time.process_time() - opened[0][1]
+        end = self._stop_time if self._stop_time is not None else time.perf_counter()
+        delay = c.delay
         from . import __version__
 
         return RunInfo(
@@ -301,6 +311,15 @@ class Sampler:
         if self._stop_time is None:
             self._stop_time = time.perf_counter()
         self._close_interval()
+
+
+def _stop_dropped(collector: Collector, token: int) -> None:
+    """A controller became unreachable (or the interpreter is exiting): nobody can
+    read what it collects any more, so end its collector and give the interval back.
+    Holds no reference to the controller, only to what it owned."""
+    collector.stopped = True
+    collector.wake()
+    switchinterval.release(token)
 
 
 def create_sampler(
@@ -333,9 +352,7 @@ def create_sampler(
 def _stop_all_at_exit() -> None:
     for s in list(_live):
         try:
-            with s._collector.state_lock:
-                running = not s._collector.stopped
-            if running:
+            if not s._collector.stopped:
                 s.stop()
         except Exception:
             pass

@@ -11,12 +11,21 @@ leave their group when it is next looked at.
 Starting a thread is observed by wrapping ``threading.Thread.start`` the first time a
 group is created; threads started with the low-level ``_thread`` module are not seen
 (add them with :meth:`ThreadGroup.add`).
+
+Membership is changed by the starting threads and read by the collector at once, so
+every change is one atomic operation on a dict (never a list rebuilt from a copy,
+which loses a thread added meanwhile), and each change bumps :func:`generation`, which
+tells a tracker when the members it cached are out of date.  A finished thread leaves
+its group when the group is next looked at or when the group has doubled since it was
+last pruned, so a group nobody reads does not keep every thread it ever had.
 """
 
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
+import weakref
 from typing import Callable, Iterator, Optional
 
 _current: contextvars.ContextVar[Optional["ThreadGroup"]] = contextvars.ContextVar(
@@ -24,6 +33,17 @@ _current: contextvars.ContextVar[Optional["ThreadGroup"]] = contextvars.ContextV
 )
 _original_start = None
 _install_lock = threading.Lock()
+_changes = itertools.count()
+_generation = [0]
+
+
+def generation() -> int:
+    """A number that changes whenever any group gains or loses a member or a subgroup."""
+    return _generation[0]
+
+
+def _changed() -> None:
+    _generation[0] = next(_changes) + 1
 
 # Called in a thread as it starts running, when it is a group member or a tracked
 # thread that had not started when tracking began: an engine that learns of threads
@@ -56,16 +76,24 @@ def _install_start_hook() -> None:
 
             def run_in_group() -> None:
                 _current.set(group)
-                notify_started()
-                inner_run()
+                try:
+                    notify_started()
+                    inner_run()
+                finally:
+                    # The thread holds this function and it holds the thread: break
+                    # the cycle, so that a program without the cyclic collector does
+                    # not keep every finished thread.
+                    self.__dict__.pop("run", None)
 
             self.run = run_in_group  # type: ignore[method-assign]
-            group._members.append(self)
+            group._join(self)
             try:
                 original(self)
             except BaseException:
+                self.__dict__.pop("run", None)
                 group._discard(self)
                 raise
+            _changed()  # its ident is known now
 
         start.__doc__ = original.__doc__
         start.__wrapped__ = original  # type: ignore[attr-defined]
@@ -84,11 +112,17 @@ class ThreadGroup:
         _install_start_hook()
         self.name = name or f"group-{id(self):x}"
         self.parent = parent if parent is not None else _current.get()
-        self._members: list[threading.Thread] = []
+        # Weak references to the member threads, in order of joining: a finished
+        # thread goes when nothing else holds it (a reference's callback removes it).
+        self._members: dict[weakref.ref, None] = {}
+        members = self._members
+        self._forget = lambda ref: members.pop(ref, None)
+        self._pruned_at = 0
         self._children: list[ThreadGroup] = []
         self._tokens: list[contextvars.Token] = []
         if self.parent is not None:
             self.parent._children.append(self)
+            _changed()
 
     @staticmethod
     def current() -> Optional["ThreadGroup"]:
@@ -106,23 +140,34 @@ class ThreadGroup:
         """Make ``thread`` a member explicitly (for instance one already running)."""
         if not isinstance(thread, threading.Thread):
             raise TypeError(f"ThreadGroup.add takes a threading.Thread, not {type(thread).__name__}")
-        if thread not in self._members:
-            self._members.append(thread)
+        self._join(thread)
+
+    def _join(self, thread: threading.Thread) -> None:
+        ref = weakref.ref(thread, self._forget)
+        if ref not in self._members:
+            self._members[ref] = None
+            _changed()
+            if len(self._members) > 2 * self._pruned_at + 16:
+                self._prune()
 
     def _discard(self, thread: threading.Thread) -> None:
-        try:
-            self._members.remove(thread)
-        except ValueError:
-            pass
+        if self._members.pop(weakref.ref(thread), 0) is None:
+            _changed()
+
+    def _live_members(self) -> list[threading.Thread]:
+        return [t for t in map(weakref.ref.__call__, list(self._members)) if t is not None]
 
     def _prune(self) -> None:
         # A thread that has finished leaves; one not yet started stays (it may start).
-        self._members = [t for t in self._members if t.is_alive() or t.ident is None]
+        for t in self._live_members():
+            if _finished(t):
+                self._discard(t)
+        self._pruned_at = len(self._members)
 
     def threads(self, recursive: bool = True) -> list[threading.Thread]:
         """The live member threads (of subgroups too, by default)."""
         self._prune()
-        out = [t for t in self._members if t.ident is not None]
+        out = [t for t in self._live_members() if t.ident is not None]
         if recursive:
             for child in self._children:
                 out.extend(child.threads())
@@ -133,3 +178,15 @@ class ThreadGroup:
 
     def __repr__(self) -> str:
         return f"<ThreadGroup {self.name!r}: {len(self.threads(False))} live threads, {len(self._children)} subgroups>"
+
+
+def _finished(t: threading.Thread) -> bool:
+    """Whether ``t`` has run and ended.  Not ``ident is not None and not
+    is_alive()``: a thread being started has its ident a moment before it counts as
+    alive (``Thread._started`` is set after), and pruning it then lost it for good."""
+    started = getattr(t, "_started", None)
+    # In this order: "started" must be seen before "not alive", or a thread that
+    # becomes started between the two reads looks finished.
+    if t.ident is None or (started is not None and not started.is_set()):
+        return False
+    return not t.is_alive()

@@ -27,9 +27,21 @@ except ImportError:  # the native engine is not built: marks live on frames only
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# frame -> [(key, value), ...], outermost extent first.  Read by the collector with
-# one dict lookup per frame it walks; written only by the frame's own thread.
-frame_marks: dict[FrameType, list[tuple[Hashable, Any]]] = {}
+# frame -> ((key, value), ...), outermost extent first.  Read by the collector with
+# one dict lookup per frame it walks; written only by the frame's own thread, each
+# change one store of a new tuple (a reader never sees a half-made change).
+frame_marks: dict[FrameType, tuple[tuple[Hashable, Any], ...]] = {}
+
+
+def _unmark(frame: FrameType, entry: tuple) -> None:
+    """Take ``entry`` (compared by identity) off ``frame``; doing it twice is harmless."""
+    old = frame_marks.get(frame, ())
+    rest = tuple(e for e in old if e is not entry)
+    if len(rest) != len(old):
+        if rest:
+            frame_marks[frame] = rest
+        else:
+            frame_marks.pop(frame, None)
 
 # The native engine cannot read frame_marks without the GIL: each extent is also
 # pushed, as an entry id, on the thread's native mark stack (sampler._native), and the
@@ -50,23 +62,44 @@ def mark_entries(ids: tuple) -> Iterator[tuple[Hashable, Any]]:
             yield entry
 
 
-def _native_enter(frame: FrameType, key: Hashable, value: Any) -> int:
+def _native_enter(frame: FrameType, key: Hashable, value: Any, holder: list) -> None:
+    """Push the extent on the thread's native mark stack; its id goes into ``holder``
+    first, so that an interruption after the push can still take it off."""
     now = time.monotonic()
     while _retired and now - _retired[0][0] > RETIRED_GRACE:
         _entries.pop(_retired.popleft()[1], None)
     eid = next(_next_entry) & 0xFFFFFFFF or next(_next_entry)
     _entries[eid] = (key, value)
+    holder[0] = eid
     _native.mark_push(frame, eid)
-    return eid
 
 
-def _native_exit(eid: int) -> None:
-    _native.mark_remove(eid)
-    _retired.append((time.monotonic(), eid))
+def _native_exit(holder: list) -> None:
+    """Take the extent off the native mark stack (idempotent)."""
+    eid = holder[0]
+    if eid and _native is not None:
+        holder[0] = 0
+        _native.mark_remove(eid)
+        _retired.append((time.monotonic(), eid))
 
 
 class mark:
-    """Set ``key`` to ``value`` for a dynamic extent: a context manager and decorator."""
+    """Set ``key`` to ``value`` for a dynamic extent: a context manager and decorator.
+
+    A ``KeyboardInterrupt`` (or any exception a signal handler raises) can land
+    between any two instructions of ``__enter__`` and ``__exit__``.  A mark left
+    behind would be carried by every later sample of its frame, so both are written
+    to end in a consistent state when interrupted: ``__enter__`` commits in one store
+    and undoes a commit that an interruption cut short before it returned;
+    ``__exit__`` takes the mark off (idempotently) inside ``try`` and takes it off
+    again on the interruption before letting it go on.
+
+    Two places stay open, which Python code cannot guard: an interruption handled at
+    the entry of ``__exit__``, before its ``try`` (3.11+ check for signals there),
+    and, on 3.10 only, one handled between ``__enter__``'s commit and its return
+    (3.10 checks between most instructions; 3.11+ only at function entries, backward
+    jumps and after calls, and there are none after the commit).
+    """
 
     __slots__ = ("key", "value", "_frames", "_entry_ids")
 
@@ -77,26 +110,39 @@ class mark:
             raise TypeError(f"mark key must be hashable, not {type(key).__name__}") from None
         self.key = key
         self.value = value
-        self._frames: list[FrameType] = []
-        self._entry_ids: list[int] = []
+        # (frame, entry, [native entry id]) per open extent
+        self._frames: list[tuple[FrameType, tuple, list]] = []
 
     def __enter__(self) -> "mark":
         frame = sys._getframe(1)
-        self._frames.append(frame)
-        frame_marks.setdefault(frame, []).append((self.key, self.value))
-        if _native is not None:
-            self._entry_ids.append(_native_enter(frame, self.key, self.value))
-        return self
+        extent = (frame, (self.key, self.value), [0])
+        try:
+            self._frames.append(extent)
+            if _native is not None:
+                _native_enter(frame, self.key, self.value, extent[2])
+            frame_marks[frame] = frame_marks.get(frame, ()) + (extent[1],)
+            return self
+        except BaseException:
+            _unmark(frame, extent[1])
+            _native_exit(extent[2])
+            if extent in self._frames:
+                self._frames.remove(extent)
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        if _native is not None and self._entry_ids:
-            _native_exit(self._entry_ids.pop())
-        frame = self._frames.pop()
-        entries = frame_marks.get(frame)
-        if entries:
-            entries.pop()
-            if not entries:
-                del frame_marks[frame]
+        try:
+            self._close(sys._getframe(1))
+        except BaseException:
+            self._close(sys._getframe(1))
+            raise
+
+    def _close(self, frame: FrameType) -> None:
+        extents = self._frames
+        if extents and extents[-1][0] is frame:
+            frame, entry, native_id = extents[-1]
+            _unmark(frame, entry)
+            _native_exit(native_id)
+            extents.pop()
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn`` so every call of it runs inside this mark."""
@@ -131,6 +177,6 @@ def current_marks(key: Hashable, frame: Optional[FrameType] = None) -> list[Any]
     while f is not None:
         entries = frame_marks.get(f)
         if entries:
-            out.extend(v for k, v in reversed(entries) if k == key)
+            out.extend(e[1] for e in reversed(entries) if e[0] == key)
         f = f.f_back
     return out

@@ -23,13 +23,14 @@ import struct
 import sys
 import time
 import traceback
+import weakref
 from typing import Any, Optional
 
 from . import _native, realthreads
-from .clocks import read_cpu, thread_clock_id
+from .clocks import clock_for, read_cpu, thread_clock_id
 from .groups import notify_started, start_listeners
 from .marks import mark_entries
-from .recorder import Recorder, clock_for_target
+from .recorder import Recorder
 from .snapshot import Frame
 from .tracking import Target, Tracker, collector_idents
 
@@ -134,6 +135,11 @@ def _line_of(lines: Optional[Any], firstlineno: int, lasti: int) -> Optional[int
     return None
 
 
+def _referent(key: Any) -> Any:
+    """What a target's key names (targets name threads and greenlets weakly)."""
+    return key() if isinstance(key, weakref.ref) else key
+
+
 class _Slot:
     """One OS thread the C thread reads, and what its samples are filed under."""
 
@@ -158,7 +164,7 @@ class NativeCollector:
     needs_switch_interval = False  # the C thread never waits for the GIL
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        self.state_lock = realthreads.allocate_lock()
+        self._pauses: list[None] = []  # one item per pause not yet resumed (atomic steps)
         self._wake = realthreads.allocate_lock()
         self._wake.acquire()
         self._done = realthreads.allocate_lock()
@@ -166,7 +172,6 @@ class NativeCollector:
         self.tracker = tracker
         self.delay = delay
         self.recorder = recorder
-        self.paused = 0
         self.stopped = False
         self.ident: Optional[int] = None
         self.error_count = 0
@@ -187,7 +192,21 @@ class NativeCollector:
         self._forked = False
         self._draining: Optional[int] = None  # the thread filing samples now
 
-    # -- the collector interface --------------------------------------------------
+    # -- the collector interface (see sampler.collector.Collector) ---------------
+    @property
+    def paused(self) -> int:
+        """How many pauses are not yet resumed."""
+        return len(self._pauses)
+
+    def pause(self) -> int:
+        self._pauses.append(None)
+        return len(self._pauses)
+
+    def resume(self) -> int:
+        """Undo one pause; ``IndexError`` when not paused."""
+        self._pauses.pop()
+        return len(self._pauses)
+
     def start(self) -> None:
         start_listeners.add(self._thread_started)
         self._refresh_targets()
@@ -196,9 +215,8 @@ class NativeCollector:
 
     def wake(self) -> None:
         """Apply the controller's changes now (pause, resume, delay, tracked set)."""
-        with self.state_lock:
-            state = (self.delay, bool(self.paused or self.stopped))
-            tracker = self.tracker
+        state = (self.delay, bool(self.paused or self.stopped))
+        tracker = self.tracker
         if self._forked:
             return
         if tracker is not self._tracker_applied and not state[1]:
@@ -232,7 +250,6 @@ class NativeCollector:
     def reset_after_fork(self) -> None:
         """In a forked child neither thread exists: keep what was filed, stop for good."""
         self._forked = True
-        self.state_lock = realthreads.allocate_lock()
         self._wake = realthreads.allocate_lock()
         self._wake.acquire()
         self._done = realthreads.allocate_lock()
@@ -286,11 +303,9 @@ class NativeCollector:
         self._feeder_clock = thread_clock_id(realthreads.get_native_id(), realthreads.get_ident())
         try:
             while True:
-                with self.state_lock:
-                    stopped, paused = self.stopped, self.paused
-                if stopped:
+                if self.stopped:
                     break
-                if paused:
+                if self.paused:
                     self._wake.acquire()
                     continue
                 self._wake.acquire(timeout=REFRESH_STATIC if self._static else REFRESH)
@@ -326,9 +341,7 @@ class NativeCollector:
     # -- what to read ----------------------------------------------------------------
     def _thread_started(self) -> None:
         """A group member or a tracked thread starts: read it from now on."""
-        with self.state_lock:
-            running = not (self.stopped or self.paused)
-        if running:
+        if not (self.stopped or self.paused):
             self._refresh_targets()
 
     def _watch_unstarted(self, tracker: Tracker) -> None:
@@ -349,8 +362,7 @@ class NativeCollector:
 
         Runs under the recorder's lock, so that no drain files samples while the
         slots they go to are being changed."""
-        with self.state_lock:
-            tracker = self.tracker
+        tracker = self.tracker
         with self.recorder.lock:
             if tracker is not self._tracker_applied:
                 self._watch_unstarted(tracker)
@@ -401,7 +413,7 @@ class NativeCollector:
         if slot.ident == realthreads.get_ident():
             return thread_clock_id(realthreads.get_native_id(), slot.ident)
         if slot.thread is not None:
-            clock = clock_for_target(slot.thread)
+            clock = clock_for(slot.thread)
             if clock is not None:
                 return clock
         return thread_clock_id(native_id or None, slot.ident)
@@ -417,15 +429,15 @@ class NativeCollector:
 
     def _greenlet_base(self, target: Target, frame: Any) -> Optional[int]:
         """The address of the greenlet's outermost frame (fixed for its life)."""
-        g = target.key
-        base = self._greenlet_bases.get(g)
+        g = _referent(target.key)
+        base = self._greenlet_bases.get(target.key)
         if base is None:
             bottom = frame if frame is not None else getattr(g, "gr_frame", None)
             if bottom is None:
                 return None
             while bottom.f_back is not None:
                 bottom = bottom.f_back
-            base = self._greenlet_bases[g] = _native.frame_address(bottom)
+            base = self._greenlet_bases[target.key] = _native.frame_address(bottom)
         return base
 
     # -- filing the samples -------------------------------------------------------------
@@ -476,7 +488,7 @@ class NativeCollector:
             ctx = recorder.context(target, None, wall_us, cpu_us)
             if gbase == base and sid:
                 recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
-            elif ctx.running and not getattr(target.key, "dead", False):
+            elif ctx.running and not getattr(_referent(target.key), "dead", True):
                 # switched out: close its interval once
                 recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
                 ctx.running = False

@@ -34,6 +34,12 @@ def allocate_lock() -> Any:
     return _original("_thread", "allocate_lock")()
 
 
+def allocate_rlock() -> Any:
+    """A real reentrant lock: a signal handler that interrupts its holder and takes
+    it again (on the same thread) goes through instead of deadlocking."""
+    return _original("_thread", "RLock")()
+
+
 def get_ident() -> int:
     """The ident of the calling OS thread, as ``sys._current_frames()`` keys it."""
     return _original("_thread", "get_ident")()

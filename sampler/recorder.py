@@ -1,35 +1,67 @@
 """The recorder: the collector's side of the snapshot store.
 
-The collector calls :meth:`Recorder.record_tick` with the tick's targets; it interns
-each stack as ``(code object, instruction offset)`` pairs (reading ``f_lineno`` costs
-about twice as much as walking the frame, so lines are resolved later, off the hot
-path) and appends one row to compact columns.  :meth:`Recorder.snapshot` freezes a
-consistent copy into a :class:`~sampler.snapshot.Snapshots`, resolving lines then.
+One writer, any number of readers, no lock between them.  The engine that owns the
+recorder (the Python collector thread, or the native engine) is its only writer: it
+interns stacks and appends samples.  Readers (``get-snapshots``, possibly from a
+signal handler that interrupted the writer's own thread, or from any other thread)
+never take a lock: every column is append-only and every append that another column
+refers to happens before the append that refers to it (a frame before the stack node
+naming it, a stack node before the sample naming it, the sample's other columns
+before its thread column).  So :meth:`Recorder.snapshot` reads the length of the
+referring column first and copies the referred ones after, and always gets a
+consistent prefix, whatever ran in between.
+
+Stacks are interned incrementally, one ``(parent stack, frame)`` pair at a time, so a
+new stack costs memory for what is new in it (a recursion that changes depth adds
+one node per new level, not a copy of the whole stack).  Frames are resolved to
+:class:`~sampler.snapshot.Frame` values (qualified name, file, first line, line) the
+first time a ``(code object, instruction offset)`` pair is seen, and the code object
+itself is never kept: the lookup table from code objects to frame ids holds them only
+weakly, and forgets a code object's entry when it is freed, so a program that keeps
+generating code (``exec``, lambdas) keeps only the frames its profile names.
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import time
+import weakref
 from array import array
 from types import CodeType, FrameType
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 from . import realthreads
-from .clocks import read_cpu, thread_clock_id
+from .clocks import clock_for, read_cpu
 from .marks import frame_marks
-from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, ThreadInfo
-from .tracking import Target
+from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
+from .tracking import Target, key_has_ended
 
 _MAX_DELTA = OVERFLOW - 1
-clock_gettime = getattr(time, "clock_gettime", None)
+_clock_gettime = getattr(time, "clock_gettime", None)
+# Code whose frames can be suspended and resumed under another caller: a cached walk
+# is only reused for a top frame that runs from its call to its return.
+_RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ITERABLE_COROUTINE, CO_ASYNC_GENERATOR
 
 
 class _Context:
-    """Per thread/greenlet state between ticks."""
+    """Per thread/greenlet state between ticks, and its walk cache.
 
-    __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident")
+    The walk cache remembers the last sampled top frame (``top``: its offset, its
+    stack id, and the stack id and marks below it) and the top's caller (``back``:
+    the stack id and marks below it).  A frame of a plain function runs from its call
+    to its return, and while it runs its callers are suspended in their calls: if the
+    same frame object is still in the stack at the next tick, every frame below it
+    and their offsets and marks are unchanged, so only the frames above it (and its
+    own offset and marks) are read again.  Generator and coroutine frames, which are
+    suspended and resumed under other callers, are never cached.  ``top`` and
+    ``back`` keep those two frame objects alive until this context's next sample
+    (one delay), or until the end of the first tick that does not sample this
+    context (the recorder drops them then).
+    """
+
+    __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident",
+                 "top", "top_lasti", "top_sid", "base_sid", "base_marks", "back",
+                 "back_base_sid", "back_base_marks", "tick")
 
     def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
@@ -40,48 +72,46 @@ class _Context:
         self.running = True
         self.kind = kind
         self.ident = ident
+        self.top: Optional[FrameType] = None
+        self.top_lasti = -2
+        self.top_sid = 0
+        self.base_sid = 0
+        self.base_marks: tuple = ()
+        self.back: Optional[FrameType] = None  # the top's caller, when a plain frame
+        self.back_base_sid = 0
+        self.back_base_marks: tuple = ()
+        self.tick = -1
 
 
-def _line_of(code: CodeType, lasti: int) -> Optional[int]:
-    if lasti < 0:
-        return code.co_firstlineno
-    for start, end, line in code.co_lines():
-        if start <= lasti < end:
-            return line
-    return None
+class _CodeFrames(dict):
+    """Instruction offset -> frame id for one live code object (a dict, for speed).
+    Dropped when the code object is freed (``ref``'s callback)."""
 
-
-def clock_for_target(target: Target) -> Optional[int]:
-    native_id = target.native_id
-    if native_id is None and target.ident is not None:
-        # a greenlet, or a thread without a Thread object: find its OS thread
-        owner = getattr(threading, "_active", {}).get(target.ident)
-        native_id = getattr(owner, "native_id", None)
-        if native_id is None and target.ident == realthreads.get_ident():
-            native_id = realthreads.get_native_id()
-    return thread_clock_id(native_id, target.ident)
+    __slots__ = ("ref",)
 
 
 class Recorder:
     """Interned frames and stacks plus the sample columns of one sampler run."""
 
     def __init__(self, custom_keys: Sequence[Any], start: float) -> None:
-        self.lock = realthreads.allocate_lock()
+        # Taken by a writer that is not alone (none in the Python engine, which
+        # writes from its collector thread only); readers never need it.  Reentrant,
+        # so that code interrupted by a signal handler cannot deadlock against it.
+        self.lock = realthreads.allocate_rlock()
         self.custom_keys = tuple(custom_keys)
         self._key_index = {k: i for i, k in enumerate(self.custom_keys)}
         self.start = start  # perf_counter() at the start of the run
         # interning
-        self._frame_ids: dict[tuple[CodeType, int], int] = {}
-        self._raw_frames: list[tuple[CodeType, int]] = []
-        self._resolved: list[Frame] = []
-        self._stack_ids: dict[tuple, int] = {}
-        self._trie: dict[tuple[int, int], int] = {}
-        self.stack_frame = array("I", [0])
-        self.stack_parent = array("I", [0])
+        self._trie = StackTrie()
+        self.stack_frame = self._trie.stack_frame
+        self.stack_parent = self._trie.stack_parent
+        self._codes: dict[int, _CodeFrames] = {}  # id(code) -> its frames, while it lives
         self._mark_ids: dict[tuple, int] = {(): 0}
         self._mark_sets: list[tuple] = [()]
         # contexts and samples
         self._contexts: dict[Hashable, _Context] = {}
+        self._walked: dict[_Context, None] = {}  # contexts holding a cached top frame
+        self._tick = 0
         self.threads: list[ThreadInfo] = []
         self.sample_thread = array("I")
         self.sample_stack = array("I")
@@ -91,110 +121,91 @@ class Recorder:
         self.wall_overflow: dict[int, int] = {}
         self.cpu_overflow: dict[int, int] = {}
         self.torn_samples = 0
+        self.targets_stale = False  # set when the tracker's targets must be rebuilt
 
-    # -- hot path --------------------------------------------------------------
-    def record_tick(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
-                    current_frames: Callable[[], dict] = sys._current_frames) -> None:
-        """Append one sample per running target (called with ``self.lock`` held).
+    # -- interning (the entry points shared with the native engine) -----------------
+    @property
+    def key_index(self) -> dict:
+        """Custom key -> its position in a mark vector."""
+        return self._key_index
 
-        ``now`` is when the collector took the GIL for this tick.  The GIL can change hands while the collector walks a stack, and the thread
-        walked may then move on, its frames returning and dropping their marks. So
-        after the walks, each thread must still be in the frame its walk started
-        from (then every caller read was live throughout, and stack and marks agree);
-        a thread that moved is walked again from where it is now, twice at most, and
-        otherwise counted in ``torn_samples`` instead of being recorded.
-        """
-        wall_us = int((now - self.start) * 1e6)
-        contexts = self._contexts
-        walked = []
-        for target, frame in targets:
-            ctx = contexts.get(target.key)
-            if ctx is None:
-                clock = clock_for_target(target)
-                if clock is None and target.native_id is not None:
-                    continue  # exited just now
-                ctx = self._new_context(target, clock, wall_us)
-            elif ctx.clock is None and target.ident is not None:
-                # a greenlet first seen switched out, before its thread was known
-                ctx.clock = clock_for_target(target)
-            if frame is None:
-                # A greenlet that is not running: close its interval once.
-                if ctx.running:
-                    cpu = read_cpu(ctx.clock)
-                    if cpu is not None:
-                        self._append(ctx, 0, wall_us, int(cpu * 1e6), 0)
-                    ctx.running = False
-                continue
-            if ctx.clock is None:
-                cpu_us = ctx.cpu_us
-            else:
-                try:
-                    cpu_us = int(clock_gettime(ctx.clock) * 1e6)
-                except OSError:
-                    continue  # the thread has exited
-            walked.append((target, ctx, cpu_us, frame) + self._walk(frame))
-        if walked and time.perf_counter() - now < sys.getswitchinterval() / 2:
-            # No other thread can have run: CPython only takes the GIL from a thread
-            # that has held it for a whole switch interval (and the collector gives
-            # it up nowhere on this path), so every walk saw a still picture.
-            for target, ctx, cpu_us, frame, tkey, marks in walked:
-                if not self._store(ctx, tkey, frame, marks, wall_us, cpu_us):
-                    self.torn_samples += 1
-            return
-        for attempt in range(3):
-            if not walked:
-                return
-            fresh = current_frames()
-            again = []
-            for target, ctx, cpu_us, frame, tkey, marks in walked:
-                now_at = fresh.get(target.ident)
-                if now_at is frame and self._store(ctx, tkey, frame, marks, wall_us, cpu_us):
-                    continue
-                if target.kind == "thread" and now_at is not None and attempt < 2:
-                    again.append((target, ctx, cpu_us, now_at) + self._walk(now_at))
-                else:
-                    self.torn_samples += 1
-            walked = again
+    def stack_id(self, frames: Sequence[Frame]) -> int:
+        """Intern a stack of already-resolved frames, outermost first (0 if empty)."""
+        trie = self._trie
+        sid = 0
+        for frame in frames:
+            sid = trie.stack_id(sid, trie.frame_id(Frame(*frame)))
+        return sid
 
-    def _walk(self, frame: FrameType) -> tuple[tuple, list]:
-        """The stack key (code ids and offsets, innermost first) and the marks."""
-        key: list[Any] = []
-        append = key.append
-        marks: list[tuple] = []
-        want_marks = self.sample_marks is not None
-        f: Optional[FrameType] = frame
-        while f is not None:
-            # ids, not code objects: hashing a code object is slow, and every id in
-            # a stored key belongs to a code object kept alive in _raw_frames.
-            append(id(f.f_code))
-            append(f.f_lasti)
-            if want_marks:
-                entries = frame_marks.get(f)
-                if entries:
-                    marks.extend(self._mark_entry(k, v) for k, v in reversed(entries)
-                                 if k in self._key_index)
-            f = f.f_back
-        return tuple(key), marks
+    def mark_set_id(self, marks: tuple) -> int:
+        """Intern a tuple of per-extent mark vectors, innermost first (0 for ``()``)."""
+        mid = self._mark_ids.get(marks)
+        if mid is None:
+            mid = len(self._mark_sets)
+            self._mark_sets.append(marks)
+            self._mark_ids[marks] = mid
+        return mid
 
-    def _store(self, ctx: _Context, tkey: tuple, frame: FrameType, marks: list,
-               wall_us: int, cpu_us: int) -> bool:
-        sid = self._stack_ids.get(tkey)
-        if sid is None:
-            sid = self._intern_stack(tkey, frame)
-            if sid is None:
-                return False
-        mid = 0
-        if marks:
-            mset = tuple(marks)
-            mid = self._mark_ids.get(mset, -1)
-            if mid < 0:
-                mid = self._mark_ids[mset] = len(self._mark_sets)
-                self._mark_sets.append(mset)
-        ctx.running = True
-        self._append(ctx, sid, wall_us, cpu_us, mid)
-        return True
+    def _frame_id(self, code: CodeType, lasti: int) -> int:
+        """The frame id of ``code`` at ``lasti``, resolved now if new (the slow path)."""
+        entry = self._codes.get(id(code))
+        if entry is None:
+            entry = self._code_entry(code)
+        fid = entry.get(lasti)
+        if fid is None:
+            line = _line_of(code, lasti)
+            frame = Frame(getattr(code, "co_qualname", code.co_name), code.co_filename,
+                          code.co_firstlineno, line)
+            fid = entry[lasti] = self._trie.frame_id(frame)
+        return fid
 
-    def _append(self, ctx: _Context, sid: int, wall_us: int, cpu_us: int, mid: int) -> None:
+    def _code_entry(self, code: CodeType) -> _CodeFrames:
+        codes = self._codes
+        key = id(code)
+
+        def forget(ref: Any, codes: dict = codes, key: int = key) -> None:
+            # Runs while the code object is freed, before its id can be reused.
+            entry = codes.get(key)
+            if entry is not None and entry.ref is ref:
+                del codes[key]
+
+        entry = _CodeFrames()
+        entry.ref = weakref.ref(code, forget)
+        codes[key] = entry
+        return entry
+
+    def _child(self, parent: int, code: CodeType, lasti: int) -> int:
+        entry = self._codes.get(id(code))
+        fid = entry.get(lasti) if entry is not None else None
+        if fid is None:
+            fid = self._frame_id(code, lasti)
+        return self._trie.stack_id(parent, fid)
+
+    # -- contexts and samples ---------------------------------------------------------
+    def context(self, target: Target, clock: Optional[int], wall_us: int,
+                cpu_us: Optional[int] = None) -> _Context:
+        """The context of ``target.key``, or a new one whose CPU clock is ``clock``
+        (its CPU time now read from that clock, unless the caller gives ``cpu_us``:
+        an engine that read it at the sample)."""
+        ctx = self._contexts.get(target.key)
+        if ctx is None:
+            if cpu_us is None:
+                cpu = read_cpu(clock)
+                cpu_us = int(cpu * 1e6) if cpu is not None else 0
+            cid = len(self.threads)
+            self.threads.append(ThreadInfo(cid, target.name, target.native_id, target.kind, 0,
+                                           wall_us / 1e6, cpu_us / 1e6))
+            ctx = _Context(cid, wall_us, cpu_us, clock, target.kind, target.ident)
+            self._contexts[target.key] = ctx
+        return ctx
+
+    def append_sample(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
+                      mark_set: int = 0) -> None:
+        """Append one sample of ``ctx`` (times absolute, in microseconds); a sample
+        with a stack means the context is running (a greenlet's next idle marker
+        closes that)."""
+        if stack_id:
+            ctx.running = True
         index = len(self.sample_thread)
         dw = wall_us - ctx.wall_us
         dc = cpu_us - ctx.cpu_us
@@ -212,119 +223,217 @@ class Recorder:
         if dc > _MAX_DELTA:
             self.cpu_overflow[index] = dc
             dc = OVERFLOW
-        # Columns are appended in one order; snapshot() trims to the shortest.
-        self.sample_stack.append(sid)
+        # Columns are appended in one order, the thread column last: a reader takes
+        # its length as the number of complete samples.
+        self.sample_stack.append(stack_id)
         self.sample_wall.append(dw)
         self.sample_cpu.append(dc)
         if self.sample_marks is not None:
-            self.sample_marks.append(mid)
+            self.sample_marks.append(mark_set)
         self.sample_thread.append(ctx.id)
 
-    # -- entry points for other engines (frames already resolved) -------------------
-    @property
-    def key_index(self) -> dict:
-        """Custom key -> its position in a mark vector."""
-        return self._key_index
+    # -- the Python engine's hot path -------------------------------------------------
+    def record_tick(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
+                    current_frames: Callable[[], dict] = sys._current_frames) -> None:
+        """Append one sample per running target (called by the single writer).
 
-    def stack_id(self, frames: Sequence[Frame]) -> int:
-        """Intern a stack of resolved frames, outermost first; 0 for the empty stack."""
-        frame_ids = self._frame_ids
-        sid = 0
-        for frame in frames:
-            fid = frame_ids.get(frame)  # type: ignore[call-overload]
-            if fid is None:
-                fid = len(self._raw_frames)
-                self._raw_frames.append(frame)  # type: ignore[arg-type]
-                frame_ids[frame] = fid  # type: ignore[index]
-            child = self._trie.get((sid, fid))
-            if child is None:
-                child = len(self.stack_frame)
-                self.stack_parent.append(sid)
-                self.stack_frame.append(fid)
-                self._trie[(sid, fid)] = child
-            sid = child
-        return sid
-
-    def context(self, target: Target, clock: Optional[int], wall_us: int,
-                cpu_us: Optional[int] = None) -> _Context:
-        """The context of ``target``, created at ``wall_us`` (and ``cpu_us``) if new."""
-        ctx = self._contexts.get(target.key)
-        if ctx is None:
-            ctx = self._new_context(target, clock, wall_us, cpu_us)
-        return ctx
-
-    def append_sample(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
-                      mark_set: int = 0) -> None:
-        """Record one sample of ``ctx`` (a non-empty stack means it is running)."""
-        if stack_id:
-            ctx.running = True
-        self._append(ctx, stack_id, wall_us, cpu_us, mark_set)
-
-    def mark_set_id(self, marks: tuple) -> int:
-        """Intern a tuple of mark vectors (innermost extent first); 0 for none."""
-        if not marks:
-            return 0
-        mid = self._mark_ids.get(marks, -1)
-        if mid < 0:
-            mid = self._mark_ids[marks] = len(self._mark_sets)
-            self._mark_sets.append(marks)
-        return mid
-
-    def _mark_entry(self, key: Hashable, value: Any) -> tuple:
-        entry: list[Any] = [None] * len(self.custom_keys)
-        entry[self._key_index[key]] = value
-        return tuple(entry)
-
-    def _new_context(self, target: Target, clock: Optional[int], wall_us: int,
-                     cpu_us: Optional[int] = None) -> _Context:
-        if cpu_us is None:
-            cpu = read_cpu(clock)
-            cpu_us = int(cpu * 1e6) if cpu is not None else 0
-        cid = len(self.threads)
-        self.threads.append(ThreadInfo(cid, target.name, target.native_id, target.kind, 0,
-                                       wall_us / 1e6, cpu_us / 1e6))
-        ctx = _Context(cid, wall_us, cpu_us, clock, target.kind, target.ident)
-        self._contexts[target.key] = ctx
-        return ctx
-
-    def _intern_stack(self, tkey: tuple, frame: FrameType) -> Optional[int]:
-        """Intern a stack not seen before (the slow path), or return None when the
-        thread moved since ``tkey`` was read.
-
-        The walk is done again to get the code objects themselves.
+        ``now`` is when the collector took the GIL for this tick.  The GIL can change
+        hands while the collector walks a stack, and the thread walked may then move
+        on, its frames returning and dropping their marks.  When the tick took long
+        enough for that to be possible, each thread must still be in the frame its
+        walk started from (then every caller read was live throughout, and stack and
+        marks agree); a thread that moved is walked again from where it is now, twice
+        at most, and otherwise counted in ``torn_samples`` instead of being recorded.
         """
-        pairs = []
-        f: Optional[FrameType] = frame
-        while f is not None:
-            pairs.append((f.f_code, f.f_lasti))
-            f = f.f_back
-        key = tuple(x for code, lasti in pairs for x in (id(code), lasti))
-        if key != tkey:
-            return None
-        frame_ids = self._frame_ids
-        sid = 0
-        for pair in reversed(pairs):  # outermost first
-            fid = frame_ids.get(pair)
-            if fid is None:
-                fid = len(self._raw_frames)
-                self._raw_frames.append(pair)
-                frame_ids[pair] = fid
-            child = self._trie.get((sid, fid))
-            if child is None:
-                child = len(self.stack_frame)
-                self.stack_parent.append(sid)
-                self.stack_frame.append(fid)
-                self._trie[(sid, fid)] = child
-            sid = child
-        self._stack_ids[key] = sid
-        return sid
+        self._tick += 1
+        wall_us = int((now - self.start) * 1e6)
+        contexts = self._contexts
+        walked = []
+        kept = 0  # contexts sampled this tick that keep a cached top frame
+        for target, frame in targets:
+            ctx = contexts.get(target.key)
+            if ctx is None:
+                ctx = self.context(target, clock_for(target), wall_us)
+            if frame is None:
+                # A greenlet that is not running: close its interval once.
+                if ctx.running:
+                    self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
+                    ctx.running = False
+                continue
+            cpu_us = self._cpu_us(ctx, target)
+            if cpu_us is None:
+                continue
+            sid, marks = self._walk(ctx, frame)
+            if ctx.top is not None or ctx.back is not None:
+                kept += 1
+            walked.append((target, ctx, cpu_us, frame, sid, marks))
+        if kept != len(self._walked):
+            self._drop_stale_walks()
+        if not walked:
+            return
+        if time.perf_counter() - now < sys.getswitchinterval() / 2:
+            # No other thread can have run: CPython only takes the GIL from a thread
+            # that has held it for a whole switch interval (and the collector gives
+            # it up nowhere on this path), so every walk saw a still picture.
+            for target, ctx, cpu_us, frame, sid, marks in walked:
+                self._store(ctx, sid, marks, wall_us, cpu_us)
+            return
+        for attempt in range(3):
+            fresh = current_frames()
+            again = []
+            for target, ctx, cpu_us, frame, sid, marks in walked:
+                now_at = fresh.get(target.ident)
+                if now_at is frame:
+                    self._store(ctx, sid, marks, wall_us, cpu_us)
+                    continue
+                ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
+                if target.kind == "thread" and now_at is not None and attempt < 2:
+                    again.append((target, ctx, cpu_us, now_at) + self._walk(ctx, now_at))
+                else:
+                    self.torn_samples += 1
+            del fresh
+            if not again:
+                return
+            walked = again
+
+    def _cpu_us(self, ctx: _Context, target: Target) -> Optional[int]:
+        """The thread's CPU time now, or ``None`` when this target no longer names
+        the thread in its place.
+
+        A clock failing does not mean the thread exited: it is in this tick's frames,
+        so it was running a moment ago.  (After a fork, the forking thread's
+        ``Thread.native_id`` names the parent's thread.)  The clock is named again,
+        and without one the CPU time stands still for this sample."""
+        if ctx.clock is not None:
+            try:
+                return int(_clock_gettime(ctx.clock) * 1e6)
+            except OSError:
+                if isinstance(target.key, tuple):
+                    # A raw thread (no Thread object) named by a native id that is
+                    # gone: its ident now runs another raw thread.  That is another
+                    # context, with its own target from the next tick on.
+                    self.targets_stale = True
+                    return None
+        if target.ident is not None:
+            # (A greenlet first seen switched out had no known thread to name.)
+            ctx.clock = clock_for(target)
+            cpu = read_cpu(ctx.clock)
+            if cpu is not None:
+                # Another clock (or the first): count from here, never a jump.
+                ctx.cpu_us = int(cpu * 1e6)
+        return ctx.cpu_us
+
+    def _walk(self, ctx: _Context, frame: FrameType) -> tuple[int, tuple]:
+        """The stack id and the marks (innermost first) of the stack topped by ``frame``.
+
+        Three cheap cases before a full walk: ``frame`` is the cached top (same or new
+        offset); its caller is the cached top or the cached top's caller (a call made
+        or a sibling call since: everything below that caller is unchanged); it is the
+        cached top's caller (the top returned).  Call-heavy code lands in the middle
+        case at almost every tick.
+        """
+        want_marks = self.sample_marks is not None
+        ctx.tick = self._tick
+        if frame is ctx.top:
+            lasti = frame.f_lasti
+            if lasti == ctx.top_lasti:
+                sid = ctx.top_sid
+            else:
+                sid = ctx.top_sid = self._child(ctx.base_sid, frame.f_code, lasti)
+                ctx.top_lasti = lasti
+            if want_marks:
+                return sid, self._marks_of(frame) + ctx.base_marks
+            return sid, ()
+        back = frame.f_back
+        if back is not None and (back is ctx.top or back is ctx.back):
+            if back is ctx.top:
+                below, below_marks = ctx.base_sid, ctx.base_marks
+            else:
+                below, below_marks = ctx.back_base_sid, ctx.back_base_marks
+            sid = self._child(below, back.f_code, back.f_lasti)
+            base_marks = self._marks_of(back) + below_marks if want_marks else ()
+            ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
+        elif frame is ctx.back:
+            sid, base_marks = ctx.back_base_sid, ctx.back_base_marks
+            ctx.back = None  # its caller's own base is not known
+        else:
+            chain = []
+            f: Optional[FrameType] = back
+            while f is not None:
+                chain.append(f)
+                f = f.f_back
+            sid = 0
+            base_marks = ()
+            below, below_marks = 0, ()
+            # self._child inlined: this loop is the cost of a walk that misses
+            codes = self._codes
+            known = self._trie._stack_ids
+            for f in reversed(chain):  # outermost first
+                below, below_marks = sid, base_marks
+                code = f.f_code
+                lasti = f.f_lasti
+                entry = codes.get(id(code))
+                fid = entry.get(lasti) if entry is not None else None
+                if fid is None:
+                    fid = self._frame_id(code, lasti)
+                sid = known.get((sid, fid)) or self._trie.stack_id(sid, fid)
+                if want_marks:
+                    own = self._marks_of(f)
+                    if own:
+                        base_marks = own + base_marks
+            del chain, f
+            if back is not None and not back.f_code.co_flags & _RESUMABLE:
+                ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
+            else:
+                ctx.back = None
+        code = frame.f_code
+        lasti = frame.f_lasti
+        top_sid = self._child(sid, code, lasti)
+        if code.co_flags & _RESUMABLE:
+            ctx.top = None
+        else:
+            ctx.top, ctx.top_lasti, ctx.top_sid = frame, lasti, top_sid
+            ctx.base_sid, ctx.base_marks = sid, base_marks
+        if ctx.top is not None or ctx.back is not None:
+            self._walked[ctx] = None
+        if want_marks:
+            return top_sid, self._marks_of(frame) + base_marks
+        return top_sid, ()
+
+    def _marks_of(self, frame: FrameType) -> tuple:
+        entries = frame_marks.get(frame)
+        if not entries:
+            return ()
+        index = self._key_index
+        n = len(self.custom_keys)
+        out = []
+        for key, value in reversed(entries):
+            i = index.get(key)
+            if i is not None:
+                vector: list[Any] = [None] * n
+                vector[i] = value
+                out.append(tuple(vector))
+        return tuple(out)
+
+    def _drop_stale_walks(self) -> None:
+        """Let go of the cached top frame of every context not sampled this tick."""
+        tick = self._tick
+        for ctx in list(self._walked):
+            if ctx.tick != tick or (ctx.top is None and ctx.back is None):
+                ctx.top = ctx.back = None
+                del self._walked[ctx]
+
+    def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int) -> None:
+        ctx.running = True
+        self.append_sample(ctx, sid, wall_us, cpu_us, self.mark_set_id(marks) if marks else 0)
 
     def forget_dead(self, live_keys: set) -> None:
         """Drop per-context state of contexts that have ended, so that a long run
-        seeing thousands of short threads does not keep their objects alive.  A
-        context that is merely untracked for a while keeps its id."""
-        for key in [k for k in self._contexts if k not in live_keys and _has_ended(k)]:
-            del self._contexts[key]
+        seeing thousands of short threads keeps neither their objects nor their
+        frames.  A context that is merely untracked for a while keeps its id."""
+        for key in [k for k in self._contexts if k not in live_keys and key_has_ended(k)]:
+            ctx = self._contexts.pop(key)
+            ctx.top = ctx.back = None
 
     def repair(self) -> None:
         """Trim the columns to a common length after an interrupted append."""
@@ -340,45 +449,35 @@ class Recorder:
         n_stacks = min(len(self.stack_frame), len(self.stack_parent))
         del self.stack_frame[n_stacks:]
         del self.stack_parent[n_stacks:]
+        for ctx in self._contexts.values():
+            ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
+        self._walked.clear()
 
-    # -- freezing ----------------------------------------------------------------
-    def _resolve_frames(self) -> list[Frame]:
-        raw = self._raw_frames
-        resolved = self._resolved
-        for item in raw[len(resolved):]:
-            if isinstance(item, Frame):  # resolved by the engine already
-                resolved.append(item)
-                continue
-            code, lasti = item
-            resolved.append(Frame(getattr(code, "co_qualname", code.co_name), code.co_filename,
-                                  code.co_firstlineno, _line_of(code, lasti)))
-        return resolved
-
+    # -- reading (any thread, any time, no lock) -----------------------------------------
     def snapshot(self, run: RunInfo) -> Snapshots:
-        """A frozen, consistent copy (call with ``self.lock`` held)."""
-        n = min(len(self.sample_thread), len(self.sample_stack), len(self.sample_wall),
-                len(self.sample_cpu),
-                len(self.sample_marks) if self.sample_marks is not None else len(self.sample_cpu))
-        n_stacks = min(len(self.stack_frame), len(self.stack_parent))
-        resolved = self._resolve_frames()
-        # Several instruction offsets can fall on one line: keep one Frame per value.
-        canonical: dict[Frame, int] = {}
-        frame_map = [canonical.setdefault(f, len(canonical)) for f in resolved]
-        frames = list(canonical)
-        stack_frame = array("I", (frame_map[f] if i else 0
-                                  for i, f in enumerate(self.stack_frame[:n_stacks])))
+        """A frozen, consistent copy.  Safe while the writer writes (see the module
+        docstring for why the order of the reads below matters)."""
+        n = len(self.sample_thread)
+        wall_overflow = self.wall_overflow.copy()
+        cpu_overflow = self.cpu_overflow.copy()
+        columns = (self.sample_stack[:n], self.sample_wall[:n], self.sample_cpu[:n],
+                   None if self.sample_marks is None else self.sample_marks[:n],
+                   self.sample_thread[:n])
+        n_stacks = len(self.stack_parent)
+        stack_parent = self.stack_parent[:n_stacks]
+        stack_frame = self.stack_frame[:n_stacks]
         return Snapshots(
-            frames=frames,
+            frames=self._trie.frames[:],
             stack_frame=stack_frame,
-            stack_parent=self.stack_parent[:n_stacks],
+            stack_parent=stack_parent,
             threads=self.threads[:],
-            sample_thread=self.sample_thread[:n],
-            sample_stack=self.sample_stack[:n],
-            sample_wall=self.sample_wall[:n],
-            sample_cpu=self.sample_cpu[:n],
-            sample_marks=None if self.sample_marks is None else self.sample_marks[:n],
-            wall_overflow={i: v for i, v in self.wall_overflow.items() if i < n},
-            cpu_overflow={i: v for i, v in self.cpu_overflow.items() if i < n},
+            sample_thread=columns[4],
+            sample_stack=columns[0],
+            sample_wall=columns[1],
+            sample_cpu=columns[2],
+            sample_marks=columns[3],
+            wall_overflow={i: v for i, v in wall_overflow.items() if i < n},
+            cpu_overflow={i: v for i, v in cpu_overflow.items() if i < n},
             mark_sets=self._mark_sets[:],
             custom_keys=self.custom_keys,
             runs=[run],
@@ -386,16 +485,17 @@ class Recorder:
 
     def custom_snapshots(self) -> list[tuple]:
         """Racket's get-custom-snapshots: per sample, its mark vectors, oldest first."""
+        n = len(self.sample_thread)
         if self.sample_marks is None:
-            return [() for _ in range(len(self.sample_thread))]
-        sets = self._mark_sets
-        n = min(len(self.sample_thread), len(self.sample_marks))
+            return [() for _ in range(n)]
+        sets = self._mark_sets[:]
         return [sets[m] for m in self.sample_marks[:n]]
 
 
-def _has_ended(key: Hashable) -> bool:
-    if isinstance(key, threading.Thread):
-        return not key.is_alive()
-    if isinstance(key, tuple):
-        return True
-    return bool(getattr(key, "dead", True))
+def _line_of(code: CodeType, lasti: int) -> Optional[int]:
+    if lasti < 0:
+        return code.co_firstlineno
+    for start, end, line in code.co_lines():
+        if start <= lasti < end:
+            return line
+    return None

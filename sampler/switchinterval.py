@@ -6,6 +6,12 @@ about 300 Hz here.  While some sampler runs with a delay below the interval, the
 interval is lowered to half the smallest delay; when the last one pauses or stops,
 the interval the program had is put back -- unless the program set one of its own
 meanwhile: its ``sys.setswitchinterval`` call wins and is never overwritten.
+
+:func:`want` and :func:`release` are called from controller messages, which may run
+in a signal handler that interrupted one of them on the same thread.  The lock is
+reentrant (so that handler does not deadlock), and :func:`_apply` computes the
+interval from the claims as they are when it ends: a call that ran in between bumps
+the generation, and the interrupted one computes again.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import sys
 
 from . import realthreads
 
-_lock = realthreads.allocate_lock()
+_lock = realthreads.allocate_rlock()
 _wanted: dict[int, float] = {}
 _saved: list[float] = []  # the program's own interval while we hold it lowered
-_ours: list[float] = []  # the interval we set (as read back), while we hold it lowered
+_ours: list[float] = []  # the interval we set, while we hold it lowered
+_generation = [0]
 _FLOOR = 0.0001  # below this the interpreter spends its time switching
 
 
@@ -25,36 +32,47 @@ def want(owner: int, delay: float) -> None:
     """``owner`` samples every ``delay`` seconds from now on."""
     with _lock:
         _wanted[owner] = delay
+        _generation[0] += 1
         _apply()
 
 
 def release(owner: int) -> None:
     """``owner`` no longer needs a lowered interval (paused or stopped)."""
     with _lock:
-        _wanted.pop(owner, None)
+        if owner in _wanted:
+            _wanted.pop(owner, None)
+            _generation[0] += 1
         _apply()
 
 
 def _apply() -> None:
-    current = sys.getswitchinterval()
-    if _saved and current != _ours[0]:  # the program set its own: that is its interval now
-        _saved[0] = current
-    base = _saved[0] if _saved else current
-    target = min((max(d / 2, _FLOOR) for d in _wanted.values()), default=base)
-    if target < base:
-        if not _saved:
-            _saved.append(base)
-            _ours.append(0.0)
-        sys.setswitchinterval(target)
-        _ours[0] = sys.getswitchinterval()  # read back: the interpreter rounds it
-    elif _saved:
-        _ours.clear()
-        sys.setswitchinterval(_saved.pop())
+    # Ordering keeps _saved truthful at every instruction: the program's interval is
+    # saved before the interval is lowered, and forgotten after it is put back; the
+    # interval we set is noted before we set it.
+    while True:
+        seen = _generation[0]
+        current = sys.getswitchinterval()
+        if _saved and _ours and abs(current - _ours[0]) > 1e-6:
+            _saved[0] = current  # the program set its own: that is its interval now
+        saved = _saved[:1]
+        base = saved[0] if saved else current
+        target = min((max(d / 2, _FLOOR) for d in list(_wanted.values())), default=base)
+        if target < base:
+            if not _saved:
+                _saved.append(base)
+            _ours[:] = [target]
+            sys.setswitchinterval(target)
+        elif saved:
+            sys.setswitchinterval(saved[0])
+            _saved.clear()
+            _ours.clear()
+        if _generation[0] == seen:
+            return
 
 
 def forget_after_fork() -> None:
     """In a forked child no collector runs: give the child its interval back."""
     global _lock
-    _lock = realthreads.allocate_lock()
+    _lock = realthreads.allocate_rlock()
     _wanted.clear()
     _apply()

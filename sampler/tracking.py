@@ -14,10 +14,12 @@ runs, the thread whose stack ends at that same frame is the one running it.
 from __future__ import annotations
 
 import threading
-from types import FrameType
+import weakref
+from types import CodeType, FrameType
 from typing import Any, Hashable, Iterable, NamedTuple, Optional
 
-from .groups import ThreadGroup
+from .clocks import native_id_of, native_id_of_ident, remember_calling_thread
+from .groups import ThreadGroup, _finished, generation
 
 try:
     import greenlet as _greenlet_module
@@ -97,7 +99,16 @@ def _bottom(frame: Optional[FrameType]) -> Optional[FrameType]:
 
 
 class Tracker:
-    """Turns the tracked leaves into this tick's targets."""
+    """Turns the tracked leaves into this tick's targets.
+
+    The list of thread targets is cached until the thread set changes: for
+    :data:`ALL_THREADS`, until the idents of ``sys._current_frames()`` or the
+    ``Thread`` objects behind them change; for threads and groups, until a group
+    gains or loses a member (:func:`sampler.groups.generation`) or a cached thread is
+    no longer where it was.  A rebuild drops what it no longer needs, so finished
+    threads are not kept alive by the cache.  Targets name their thread or greenlet
+    through a weak reference, for the same reason.
+    """
 
     def __init__(self, leaves: Iterable[Any]) -> None:
         self.leaves = tuple(leaves)
@@ -106,16 +117,18 @@ class Tracker:
         self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
         self.greenlets = [x for x in self.leaves if is_greenlet(x)]
         # greenlet -> [id of its outermost frame, ident of the thread it was seen
-        # in, code of its run function (known before it starts)]
+        # in, the codes it can start in (known before it starts)]
         self._greenlet_places: dict[Any, list[Any]] = {}
-        # ident -> (the Thread object seen with it, its Target)
-        self._thread_targets: dict[int, tuple[Any, Target]] = {}
+        remember_calling_thread()
+        # the cached thread targets: (ident, Thread object or None, Target)
+        self._entries: list[tuple[int, Any, Target]] = []
+        self._signature: Any = None
         for g in self.greenlets:
             self._learn_place(g, threading.get_ident())
 
     def _learn_place(self, g: Any, current_ident: int) -> None:
         """Find where ``g`` lives now, if that can be seen from here."""
-        place = self._greenlet_places.setdefault(g, [None, None, _run_code(g)])
+        place = self._greenlet_places.setdefault(g, [None, None, _run_codes(g)])
         if g.gr_frame is not None:
             place[0] = id(_bottom(g.gr_frame))
         elif _greenlet_module is not None and g is _greenlet_module.getcurrent():
@@ -128,90 +141,139 @@ class Tracker:
         """This tick's ``(target, top frame)`` pairs; the frame is ``None`` for a
         greenlet that is switched out.
 
-        Liveness is left to the recorder where it can: the CPU clock of a thread that
-        has exited cannot be read, which is cheaper than ``Thread.is_alive()`` and
-        also right when a dead thread's ident has been reused.
+        Liveness is left to the frames: a thread that has exited has none.
         """
-        out: list[tuple[Target, Optional[FrameType]]] = []
-        cache = self._thread_targets
+        active = getattr(threading, "_active", {})
         if self.all_threads:
-            active = getattr(threading, "_active", {})
-            for ident, frame in frames.items():
-                if ident in collector_idents:
-                    continue
-                t = active.get(ident)
-                cached = cache.get(ident)
-                if cached is None or cached[0] is not t:
-                    cached = cache[ident] = (t, _thread_target(t, ident))
-                out.append((cached[1], frame))
+            idents = list(frames)
+            signature = (idents, list(map(active.get, idents)))
         else:
-            threads = self.threads
-            if self.groups:
-                threads = list(threads)
-                for group in self.groups:
-                    threads.extend(group.threads())
-            seen: set[int] = set()
-            for t in threads:
-                ident = t.ident
-                frame = frames.get(ident)  # type: ignore[arg-type]
-                if frame is None or ident in seen or ident in collector_idents:
-                    continue
-                seen.add(ident)  # type: ignore[arg-type]
-                cached = cache.get(ident)
-                if cached is None or cached[0] is not t:
-                    cached = cache[ident] = (t, _thread_target(t, ident))
-                target = cached[1]
-                if target.native_id is None and not t.is_alive():
-                    continue  # no CPU clock to tell: ask the thread
-                out.append((target, frame))
+            signature = (generation(), [t.ident for t in self.threads])
+        if signature != self._signature:
+            self._entries, complete = self._rebuild(frames, active)
+            self._signature = signature if complete else None
+        out: list[tuple[Target, Optional[FrameType]]] = []
+        stale = False
+        for ident, owner, target in self._entries:
+            frame = frames.get(ident)
+            if frame is None or active.get(ident) is not owner:
+                stale = True  # exited (or its ident was reused): rebuild next tick
+                continue
+            out.append((target, frame))
+        if stale:
+            self.invalidate()
         for g in self.greenlets:
             pair = self._greenlet_target(g, frames)
             if pair is not None:
                 out.append(pair)
         return out
 
+    def invalidate(self) -> None:
+        """Build the thread targets again at the next tick (the recorder found one
+        that no longer matches its thread: a raw thread whose ident was reused)."""
+        self._signature = None
+
+    def _rebuild(self, frames: dict[int, FrameType], active: dict
+                 ) -> tuple[list[tuple[int, Any, Target]], bool]:
+        """The thread targets, and whether they are complete (a thread that has
+        started but is not in ``frames`` yet makes the next tick look again)."""
+        entries = []
+        if self.all_threads:
+            for ident in frames:
+                if ident not in collector_idents:
+                    t = active.get(ident)
+                    entries.append((ident, t, _thread_target(t, ident)))
+            return entries, True
+        threads = list(self.threads)
+        for group in self.groups:
+            threads.extend(group.threads())
+        seen: set[int] = set()
+        complete = True
+        for t in threads:
+            ident = t.ident
+            if ident is None or ident in seen or ident in collector_idents:
+                continue
+            if ident not in frames:
+                if not _finished(t):
+                    complete = False  # starting: look again next tick
+                continue
+            owner = active.get(ident)
+            if (owner is not None and owner is not t) or (owner is None and not t.is_alive()):
+                continue  # finished; its ident now belongs to another thread
+            seen.add(ident)
+            entries.append((ident, owner, _thread_target(t, ident)))
+        return entries, complete
+
     def _greenlet_target(self, g: Any, frames: dict[int, FrameType]
                          ) -> Optional[tuple[Target, Optional[FrameType]]]:
         if g.dead:
             return None
-        place = self._greenlet_places.setdefault(g, [None, None, _run_code(g)])
+        place = self._greenlet_places.setdefault(g, [None, None, _run_codes(g)])
         name = f"greenlet {getattr(g, 'name', None) or hex(id(g))}"
         suspended = g.gr_frame
         if suspended is not None:
             place[0] = id(_bottom(suspended))
-            return Target(g, name, None, place[1], "greenlet"), None
+            return Target(_weak_key(g), name, None, place[1], "greenlet"), None
         if not g:
             return None  # not started yet
         candidates = [place[1]] if place[1] in frames else []
         candidates += [i for i in frames if i != place[1] and i not in collector_idents]
-        run_code = place[2] if place[0] is None else None
+        run_codes = place[2] if place[0] is None else ()
         for ident in candidates:
             frame = frames[ident]
             bottom = _bottom(frame)
             if place[0] is None:
                 # Never seen switched out: the thread running a greenlet that starts
                 # in g's run function is running g, since g is running somewhere.
-                if run_code is None or bottom is None or bottom.f_code is not run_code:
+                if bottom is None or bottom.f_code not in run_codes:
                     continue
                 place[0] = id(bottom)
             if id(bottom) == place[0]:
                 place[1] = ident
-                return Target(g, name, None, ident, "greenlet"), frame
+                return Target(_weak_key(g), name, None, ident, "greenlet"), frame
         return None
 
 
 def _thread_target(t: Optional[threading.Thread], ident: int) -> Target:
-    if t is None:  # started with _thread: no Thread object, no native id
-        return Target(("ident", ident), f"thread {ident}", None, ident, "thread")
-    return Target(t, t.name, t.native_id, ident, "thread")
+    if t is None:
+        # Started with _thread: no Thread object.  Its native id tells it apart from
+        # an earlier thread that had the same ident.
+        native_id = native_id_of_ident(ident)
+        return Target(("ident", ident, native_id), f"thread {ident}", native_id, ident, "thread")
+    return Target(_weak_key(t), t.name, native_id_of(t), ident, "thread")
 
 
-def _run_code(g: Any) -> Any:
+def _weak_key(obj: Any) -> Hashable:
+    """A key that names ``obj`` without keeping it alive (equal to other weak
+    references to it while it lives, hashed like it)."""
     try:
-        run = g.run
-    except AttributeError:
-        return None
-    code = getattr(run, "__code__", None)
-    if code is None:
-        code = getattr(getattr(run, "__func__", None), "__code__", None)
-    return code
+        return weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def key_has_ended(key: Hashable) -> bool:
+    """Whether the context of a target key has ended for good."""
+    if isinstance(key, weakref.ref):
+        obj = key()
+        if obj is None:
+            return True
+        if isinstance(obj, threading.Thread):
+            return not obj.is_alive()
+        return bool(getattr(obj, "dead", True))
+    return True  # a raw thread: a new one with its ident gets a new key
+
+
+def _run_codes(g: Any) -> tuple:
+    """The code a greenlet can start in, known before it starts: its ``run``, and
+    for a gevent ``Greenlet`` its ``_run`` (gevent's own ``run`` is compiled and
+    calls ``self._run``, the program's function, which is then the outermost frame)."""
+    codes = []
+    for name in ("run", "_run"):
+        run = getattr(g, name, None)
+        code = getattr(run, "__code__", None)
+        if code is None:
+            code = getattr(getattr(run, "__func__", None), "__code__", None)
+        if isinstance(code, CodeType):
+            codes.append(code)
+    return tuple(codes)

@@ -103,7 +103,11 @@ def test_under_gevent_monkey_patching_the_collector_is_a_real_thread():
         from tests.sampling_helpers import spin
 
         def cpu_greenlet():
-            spin(0.3)  # never yields: only a real OS thread can sample it
+            # never yields: only a real OS thread can sample it.  Until 60 samples
+            # (bounded), not for a fixed time: a loaded machine gives fewer per second.
+            end = time.monotonic() + 60
+            while len(ctl.get_snapshots()) < 60 and time.monotonic() < end:
+                spin(0.01)
 
         ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.002)
         g = gevent.spawn(cpu_greenlet)

@@ -264,14 +264,20 @@ static void find_older_chunks(Engine *e, ss_regions *r) {
 
 /* The SS_FRAME_SIZE bytes of the frame at addr: from a copied chunk when it lies in
  * one, else read on their own (generator frames, C-stack shims). NULL when unreadable. */
+/* Whether [addr, addr + n) lies within [lo, hi), without overflowing on a garbage
+ * address (a torn read can hand the walker any value at all). */
+static inline int within(uintptr_t addr, size_t n, uintptr_t lo, uintptr_t hi) {
+    return lo < hi && addr >= lo && addr < hi && hi - addr >= n;
+}
+
 static const char *frame_bytes(Engine *e, ss_regions *r, uintptr_t addr, char *own) {
-    if (addr >= r->lo && addr + SS_FRAME_SIZE <= r->hi) return e->chunk_copy + (addr - r->lo);
-    if (addr >= r->older_lo && addr + SS_FRAME_SIZE <= r->older_hi) return e->older_copy + (addr - r->older_lo);
+    if (within(addr, SS_FRAME_SIZE, r->lo, r->hi)) return e->chunk_copy + (addr - r->lo);
+    if (within(addr, SS_FRAME_SIZE, r->older_lo, r->older_hi)) return e->older_copy + (addr - r->older_lo);
 #if PY_VERSION_HEX >= 0x030B0000
     if (r->n_older < 0) find_older_chunks(e, r);
     for (int i = 0; i < r->n_older; i++) {
         uintptr_t lo = r->older[i][0], hi = r->older[i][1];
-        if (addr >= lo && addr + SS_FRAME_SIZE <= hi && hi - lo <= SS_CHUNK_COPY_MAX) {
+        if (within(addr, SS_FRAME_SIZE, lo, hi) && hi - lo <= SS_CHUNK_COPY_MAX) {
             if (ss_read(&e->reader, e->older_copy, lo, hi - lo) != 0) break;
             r->older_lo = lo;
             r->older_hi = hi;

@@ -1,0 +1,67 @@
+"""The recorder's entry points (shared by the Python and the native engine), and its
+single-writer, lock-free reading, with a real writer thread."""
+
+import threading
+import time
+
+from sampler import Frame, RunInfo
+from sampler.recorder import Recorder
+from sampler.tracking import Target
+
+
+def test_stacks_marks_and_samples_through_the_engine_entry_points():
+    rec = Recorder(["request"], time.perf_counter())
+    main = Frame("main", "app.py", 1, 3)
+    handle = Frame("handle", "app.py", 10, 12)
+    assert rec.stack_id([]) == 0
+    outer = rec.stack_id([main])
+    inner = rec.stack_id([main, handle])
+    assert rec.stack_id([main, handle]) == inner and inner != outer
+    assert rec.mark_set_id(()) == 0
+    marks = ((("r1",),),)
+    mid = rec.mark_set_id(marks[0])
+    assert rec.mark_set_id(marks[0]) == mid != 0
+    target = Target(("ident", 1, None), "worker", None, None, "thread")
+    ctx = rec.context(target, None, 0)
+    assert rec.context(target, None, 5) is ctx
+    rec.append_sample(ctx, outer, 1000, 500)
+    rec.append_sample(ctx, inner, 3000, 1500, mid)
+    snaps = rec.snapshot(RunInfo())
+    assert [snaps.stack_frames(s) for s in snaps.sample_stack] == [(main,), (handle, main)]
+    assert list(snaps.wall_deltas()) == [1000, 2000] and list(snaps.cpu_deltas()) == [500, 1000]
+    assert rec.custom_snapshots() == [(), marks[0]]
+    assert [t.name for t in snaps.threads] == ["worker"]
+
+
+def test_snapshots_taken_while_the_writer_writes_are_always_consistent():
+    # One writer appending stacks and samples as fast as it can, readers snapshotting
+    # meanwhile without any lock: every snapshot must validate (Snapshots checks every
+    # id on construction) and hold a prefix of what was written.
+    rec = Recorder(["k"], time.perf_counter())
+    target = Target(("ident", 2, None), "w", None, None, "thread")
+    done = threading.Event()
+
+    def writer():
+        ctx = rec.context(target, None, 0)
+        i = 0
+        while not done.is_set() and i < 200_000:
+            i += 1
+            sid = rec.stack_id([Frame(f"f{j}", "x.py", j, j) for j in range(i % 7 + 1)] +
+                               [Frame(f"leaf{i % 97}", "x.py", 1, 1)])
+            mid = rec.mark_set_id(((i % 5,),)) if i % 3 else 0
+            rec.append_sample(ctx, sid, i * 10 if i % 1000 else i * 10 + 2**33, i, mid)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    sizes = []
+    try:
+        for _ in range(200):
+            snaps = rec.snapshot(RunInfo())
+            sizes.append(len(snaps))
+            for i in range(0, len(snaps), max(1, len(snaps) // 50)):
+                snaps.stack_frames(snaps.sample_stack[i])
+                snaps.marks_of(i)
+    finally:
+        done.set()
+        t.join()
+    assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
