@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -28,11 +29,11 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, read_cpu, thread_clock_id
-from .groups import notify_started, start_listeners
+from .groups import ThreadGroup, notify_started, start_listeners
 from .marks import mark_entries
 from .recorder import Recorder
 from .snapshot import Frame
-from .tracking import Target, Tracker, collector_idents
+from .tracking import Target, Tracker, collector_idents, thread_target
 
 REFRESH = 0.02
 """Seconds between the feeder's turns (each takes the GIL once) while the set of
@@ -133,6 +134,16 @@ def _line_of(lines: Optional[Any], firstlineno: int, lasti: int) -> Optional[int
     except (ValueError, SystemError):  # a torn copy of a table
         return None
     return None
+
+
+def _in_groups(groups: list) -> bool:
+    """Whether the calling thread's current group is one of ``groups`` or under one."""
+    group = ThreadGroup.current()
+    while group is not None:
+        if group in groups:
+            return True
+        group = group.parent
+    return False
 
 
 def _referent(key: Any) -> Any:
@@ -340,9 +351,29 @@ class NativeCollector:
 
     # -- what to read ----------------------------------------------------------------
     def _thread_started(self) -> None:
-        """A group member or a tracked thread starts: read it from now on."""
-        if not (self.stopped or self.paused):
-            self._refresh_targets()
+        """A group member or an announced thread starts (called in that thread): if
+        this sampler tracks it, read it from the next tick on. Only this thread is
+        added (the next turn's lookup confirms it): a program starting thousands of
+        threads pays the same small cost for each."""
+        if self.stopped or self.paused or self._forked:
+            return
+        thread = threading.current_thread()
+        tracker = self.tracker
+        if not (tracker.all_threads or thread in tracker.threads or _in_groups(tracker.groups)):
+            return
+        ident = realthreads.get_ident()
+        target = thread_target(thread, ident)
+        with self.recorder.lock:
+            number = self._slot_of.get(ident)
+            if number is None:
+                number = self._slot_of[ident] = self._next_slot
+                self._next_slot += 1
+                self._slots[number] = _Slot(ident)
+            slot = self._slots[number]
+            slot.thread = target
+            self._previous.add(number)
+            self._engine.add_target((number, _native.current_thread_state(), ident,
+                                     self._clock(slot, 0), self._tid(slot, 0)))
 
     def _watch_unstarted(self, tracker: Tracker) -> None:
         """Tracked threads not started yet announce their start (see groups)."""

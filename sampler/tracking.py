@@ -182,7 +182,7 @@ class Tracker:
             for ident in frames:
                 if ident not in collector_idents:
                     t = active.get(ident)
-                    entries.append((ident, t, _thread_target(t, ident)))
+                    entries.append((ident, t, thread_target(t, ident)))
             return entries, True
         threads = list(self.threads)
         for group in self.groups:
@@ -201,7 +201,7 @@ class Tracker:
             if (owner is not None and owner is not t) or (owner is None and not t.is_alive()):
                 continue  # finished; its ident now belongs to another thread
             seen.add(ident)
-            entries.append((ident, owner, _thread_target(t, ident)))
+            entries.append((ident, owner, thread_target(t, ident)))
         return entries, complete
 
     def _greenlet_target(self, g: Any, frames: dict[int, FrameType]
@@ -234,7 +234,7 @@ class Tracker:
         return None
 
 
-def _thread_target(t: Optional[threading.Thread], ident: int) -> Target:
+def thread_target(t: Optional[threading.Thread], ident: int) -> Target:
     if t is None:
         # Started with _thread: no Thread object.  Its native id tells it apart from
         # an earlier thread that had the same ident.

@@ -116,6 +116,9 @@ typedef struct {
     /* targets */
     ss_target *targets;
     Py_ssize_t n_targets;
+    pthread_mutex_t pending_lock;  /* guards the two below: held only to copy */
+    ss_target pending[64];     /* threads announced since the last tick */
+    int n_pending;
     int want_marks;
     /* output */
     ss_buffer active, spare;
@@ -451,7 +454,10 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
 
 /* ---- the collector thread ------------------------------------------------------ */
 
+static void take_pending(Engine *e);
+
 static void tick(Engine *e, int64_t now) {
+    take_pending(e);
     for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i], now);
     e->ticks++;
 }
@@ -509,6 +515,7 @@ static void *collector_main(void *arg) {
 static int init_sync(Engine *e) {
     pthread_condattr_t attr;
     if (pthread_mutex_init(&e->lock, NULL) != 0) return -1;
+    if (pthread_mutex_init(&e->pending_lock, NULL) != 0) return -1;
     if (pthread_condattr_init(&attr) != 0) return -1;
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     int rc = pthread_cond_init(&e->wake, &attr);
@@ -673,6 +680,60 @@ static PyObject *Engine_set_state(Engine *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One (ctx, tstate, ident, clock or None[, tid]) tuple into *t. */
+static int parse_target(PyObject *item, ss_target *t) {
+    PyObject *clock = NULL;
+    unsigned long long tstate;
+    unsigned long ident;
+    unsigned int ctx;
+    long tid = 0;
+    memset(t, 0, sizeof *t);
+    t->stat_fd = -1;
+    if (!PyArg_ParseTuple(item, "IKkO|l", &ctx, &tstate, &ident, &clock, &tid)) return -1;
+    t->ctx = ctx;
+    t->tid = tid;
+    t->tstate = (uintptr_t)tstate;
+    t->ident = ident;
+    if (clock != Py_None) {
+        long c = PyLong_AsLong(clock);
+        if (c == -1 && PyErr_Occurred()) return -1;
+        t->clock = (clockid_t)c;
+        t->has_clock = 1;
+    }
+    return 0;
+}
+
+/* add_target((ctx, tstate, ident, clock or None, tid)): a thread announced as it
+ * starts, read from the next tick on. It never waits for a tick to end (the tick may
+ * be long with thousands of threads): it goes to a small queue the tick takes from. */
+static PyObject *Engine_add_target(Engine *e, PyObject *arg) {
+    ss_target t;
+    if (parse_target(arg, &t) != 0) return NULL;
+    int added = 0;
+    pthread_mutex_lock(&e->pending_lock);
+    if (e->n_pending < (int)(sizeof e->pending / sizeof e->pending[0])) {
+        e->pending[e->n_pending++] = t;
+        added = 1;
+    }
+    pthread_mutex_unlock(&e->pending_lock);
+    return PyBool_FromLong(added);  /* False: the queue is full; the next refresh adds it */
+}
+
+/* Move announced threads into the targets (collector side, engine lock held). */
+static void take_pending(Engine *e) {
+    if (__atomic_load_n(&e->n_pending, __ATOMIC_RELAXED) == 0) return;
+    pthread_mutex_lock(&e->pending_lock);
+    int n = e->n_pending;
+    ss_target *grown = n ? PyMem_RawRealloc(e->targets, sizeof(ss_target) * (size_t)(e->n_targets + n)) : NULL;
+    if (grown != NULL) {
+        memcpy(grown + e->n_targets, e->pending, sizeof(ss_target) * (size_t)n);
+        e->targets = grown;
+        e->n_targets += n;
+        e->n_pending = 0;
+    }
+    pthread_mutex_unlock(&e->pending_lock);
+}
+
 /* set_targets([(ctx, tstate, ident, clock or None, tid), ...]) */
 static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "set_targets takes a sequence of tuples");
@@ -684,30 +745,10 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *clock = NULL;
-        unsigned long long tstate;
-        unsigned long ident;
-        unsigned int ctx;
-        long tid = 0;
-        fresh[i].stat_fd = -1;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IKkO|l", &ctx, &tstate, &ident, &clock, &tid)) {
+        if (parse_target(PySequence_Fast_GET_ITEM(seq, i), &fresh[i]) != 0) {
             PyMem_RawFree(fresh);
             Py_DECREF(seq);
             return NULL;
-        }
-        fresh[i].ctx = ctx;
-        fresh[i].tid = tid;
-        fresh[i].tstate = (uintptr_t)tstate;
-        fresh[i].ident = ident;
-        if (clock != Py_None) {
-            long c = PyLong_AsLong(clock);
-            if (c == -1 && PyErr_Occurred()) {
-                PyMem_RawFree(fresh);
-                Py_DECREF(seq);
-                return NULL;
-            }
-            fresh[i].clock = (clockid_t)c;
-            fresh[i].has_clock = 1;
         }
     }
     Py_DECREF(seq);
@@ -732,6 +773,13 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
     Py_ssize_t n_old = e->n_targets;
     e->targets = fresh;
     e->n_targets = n;
+    pthread_mutex_lock(&e->pending_lock);
+    for (int j = 0; j < e->n_pending; j++) {  /* announced but not in the new list: keep */
+        int known = 0;
+        for (Py_ssize_t i = 0; i < n && !known; i++) known = fresh[i].ctx == e->pending[j].ctx;
+        if (known) e->pending[j--] = e->pending[--e->n_pending];
+    }
+    pthread_mutex_unlock(&e->pending_lock);
     UNLOCK(e);
     for (Py_ssize_t j = 0; j < n_old; j++) close_target(&old[j]);
     PyMem_RawFree(old);
@@ -883,6 +931,7 @@ static void Engine_dealloc(Engine *e) {
     }
     if (e->active.data != NULL) {
         pthread_mutex_destroy(&e->lock);
+        pthread_mutex_destroy(&e->pending_lock);
         pthread_cond_destroy(&e->wake);
     }
     ss_reader_close(&e->reader);
@@ -896,6 +945,8 @@ static PyMethodDef Engine_methods[] = {
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(delay, paused)"},
     {"set_targets", (PyCFunction)Engine_set_targets, METH_O,
      "set_targets([(ctx, tstate, ident, clock or None), ...]): the threads to sample."},
+    {"add_target", (PyCFunction)Engine_add_target, METH_O,
+     "add_target((ctx, tstate, ident, clock or None, tid)): a thread that has just started."},
     {"drain", (PyCFunction)Engine_drain, METH_NOARGS,
      "drain() -> (samples, codes): what the collector took since the last drain."},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "Counters and the collector's own CPU seconds."},
@@ -944,6 +995,10 @@ static PyObject *thread_states(PyObject *m, PyObject *unused) {
     return d;
 }
 
+static PyObject *current_thread_state(PyObject *m, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)PyThreadState_Get());
+}
+
 static PyObject *frame_address(PyObject *m, PyObject *frame) {
     if (!PyFrame_Check(frame)) {
         PyErr_SetString(PyExc_TypeError, "frame_address takes a frame");
@@ -982,6 +1037,7 @@ static PyObject *after_fork(PyObject *m, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"thread_states", thread_states, METH_NOARGS,
      "thread_states() -> {ident: (thread state address, native id or 0)}"},
+    {"current_thread_state", current_thread_state, METH_NOARGS, "The calling thread's thread state address."},
     {"frame_address", frame_address, METH_O, "The address the engine reports for this frame's frame."},
     {"mark_push", mark_push, METH_VARARGS, "mark_push(frame, entry): a mark entered in frame."},
     {"mark_remove", mark_remove, METH_O, "mark_remove(entry) -> whether it was on this thread's stack."},
