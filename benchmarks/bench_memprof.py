@@ -4,8 +4,10 @@
 
 Each configuration runs the workload ``--runs`` times, interleaved with the others
 (so a slow spell of the machine hits them all), in this one process. Printed per
-configuration: the median time over the median of the runs without a profiler, and
-that ratio's spread (its min and max over the runs). The first line gives the spread
+configuration (a Markdown table): the median time over the median of the runs without
+a profiler, and that ratio's spread (its min and max over the runs). "memprof" is the
+null tracker; "tracker" a leak hunter's tracker (a Python callback per sample and per
+freed sampled block). The first row gives the spread
 of the runs without a profiler: a ratio inside it is no measurable cost. Last, the
 memory one tracked block costs (the engine's record and table slot, measured by
 tracking many blocks and reading the process's resident memory; the value a tracker
@@ -92,6 +94,27 @@ def main(argv: list[str] | None = None) -> None:
                 memprof.discard(profile)
         return run
 
+    def with_tracker(rate: float):
+        """A leak hunter's tracker: a Python callback per sample and per free."""
+        def run() -> None:
+            live: dict = {}
+
+            def alloc(a: memprof.Allocation):
+                where = a.callstack[0] if a.callstack else None
+                live[where] = live.get(where, 0) + a.n_samples
+                return where, a.n_samples
+
+            def free(v) -> None:
+                live[v[0]] -= v[1]
+            tracker = memprof.Tracker(alloc, alloc, lambda v: v, free, free)
+            profile = memprof.start(rate, tracker=tracker)
+            try:
+                workload(args.size)
+            finally:
+                memprof.stop()
+                memprof.discard(profile)
+        return run
+
     def with_tracemalloc() -> None:
         tracemalloc.start()
         try:
@@ -100,7 +123,8 @@ def main(argv: list[str] | None = None) -> None:
             tracemalloc.stop()
 
     configs = {"none": none, "memprof 1e-4": with_memprof(1e-4), "memprof 1e-3": with_memprof(1e-3),
-               "memprof 1e-2": with_memprof(1e-2), "tracemalloc": with_tracemalloc}
+               "memprof 1e-2": with_memprof(1e-2), "tracker 1e-4": with_tracker(1e-4),
+               "tracker 1e-3": with_tracker(1e-3), "tracemalloc": with_tracemalloc}
     times: dict[str, list[float]] = {name: [] for name in configs}
     workload(args.size / 10)  # warm up
     for _ in range(args.runs):
@@ -111,9 +135,10 @@ def main(argv: list[str] | None = None) -> None:
             times[name].append(time.perf_counter() - t0)
     base = statistics.median(times["none"])
     print(f"python {sys.version.split()[0]}, {args.runs} runs each, workload {base * 1000:.0f} ms")
+    print("| profiler | median time ratio | runs |\n|---|---|---|")
     for name, ts in times.items():
         ratios = [t / base for t in ts]
-        print(f"{name:14s} {statistics.median(ratios):5.2f}x  (runs {min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"| {name:14s} | {statistics.median(ratios):5.2f}x | {min(ratios):.2f}-{max(ratios):.2f} |")
     print(f"memory per tracked block: {per_block_bytes():.0f} bytes (engine side)")
 
 

@@ -414,3 +414,18 @@ def test_without_the_engine_start_says_why_in_one_line():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ERR ") and "not built" in lines[0], proc.stdout
+
+
+def test_the_stress_program_runs_clean():
+    """Threads, start/stop/discard cycles, raising and allocating trackers, a profile
+    discarded from its own callback: no crash, nothing left held (memprof_stress.py)."""
+    import os
+    import subprocess
+    import sys
+
+    from run_helpers import repo_env
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, os.path.join(here, "memprof_stress.py"), "6"],
+                          capture_output=True, text=True, env=repo_env(), timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.stdout.startswith("memprof stress ok"), proc.stdout

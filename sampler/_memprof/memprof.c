@@ -120,6 +120,7 @@ static _Atomic int g_pending_call = 0;   /* a Py_AddPendingCall is queued */
 static PyInterpreterState *g_interp = NULL;
 static unsigned long g_main_ident = 0;
 static int g_hooks_installed = 0;
+static int g_live_profiles = 0;          /* started and not discarded */
 static _PyFrameEvalFunction g_prev_eval = NULL;
 static int g_eval_installed = 0;
 static _Atomic int64_t g_delivered = 0;  /* callbacks run (for tests of latency) */
@@ -506,6 +507,16 @@ static void uninstall_hooks(void) {
     g_hooks_installed = 0;
 }
 
+/* Under the lock, with the GIL: once every profile is discarded and its last record
+ * released (a callback may have been running at discard), the hooks come out. */
+static void uninstall_eval(void);
+static void uninstall_when_idle(void) {
+    if (g_live_profiles == 0 && g_nrecs == 0) {
+        uninstall_eval();
+        uninstall_hooks();
+    }
+}
+
 /* ---- callbacks (with the GIL) ------------------------------------------------------ */
 
 static PyObject *call1(PyObject *f, PyObject *arg) {
@@ -677,6 +688,11 @@ static void run_callbacks(void) {
     uint64_t done = atomic_load(&g_gc_completed);
     if (g_minor.head && done > g_promoted_upto) promote_blocks(t, done);
     if (g_dealloc.head || g_orphans.head) deliver_deallocs(t);
+    if (g_live_profiles == 0 && g_hooks_installed) {
+        lock(t);
+        uninstall_when_idle();
+        unlock(t);
+    }
 #if PY_VERSION_HEX >= 0x030C0000
     PyErr_SetRaisedException(exc);
 #else
@@ -807,10 +823,8 @@ static PyObject *core_discard(CoreObject *self, PyObject *unused) {
     drops_add(&d, p->alloc_minor); drops_add(&d, p->alloc_major); drops_add(&d, p->promote);
     drops_add(&d, p->dealloc_minor); drops_add(&d, p->dealloc_major); drops_add(&d, p->make);
     p->alloc_minor = p->alloc_major = p->promote = p->dealloc_minor = p->dealloc_major = p->make = NULL;
-    if (atomic_load(&g_sampling) == NULL && g_nrecs == 0) {
-        uninstall_eval();
-        uninstall_hooks();
-    }
+    g_live_profiles--;
+    uninstall_when_idle();
     unlock(t);
     drops_release(&d);
     Py_RETURN_NONE;
@@ -897,6 +911,7 @@ static PyObject *mod_start(PyObject *m, PyObject *args) {
     g_log1m = rate < 1.0 ? log1p(-rate) : -INFINITY;
     g_callstack_size = p->callstack_size;
     atomic_fetch_add(&g_epoch, 1);
+    g_live_profiles++;
     install_hooks();
     atomic_store_explicit(&g_sampling, p, memory_order_release);
     unlock(t);
