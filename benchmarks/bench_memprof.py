@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> None:
     def none() -> None:
         workload(args.size)
 
-    def with_memprof(rate: float):
+    def profiled(rate: float, make_tracker=lambda: memprof.null_tracker):
         def run() -> None:
-            profile = memprof.start(rate)
+            profile = memprof.start(rate, tracker=make_tracker())
             try:
                 workload(args.size)
             finally:
@@ -94,26 +94,18 @@ def main(argv: list[str] | None = None) -> None:
                 memprof.discard(profile)
         return run
 
-    def with_tracker(rate: float):
+    def leak_hunter() -> memprof.Tracker:
         """A leak hunter's tracker: a Python callback per sample and per free."""
-        def run() -> None:
-            live: dict = {}
+        live: dict = {}
 
-            def alloc(a: memprof.Allocation):
-                where = a.callstack[0] if a.callstack else None
-                live[where] = live.get(where, 0) + a.n_samples
-                return where, a.n_samples
+        def alloc(a: memprof.Allocation):
+            where = a.callstack[0] if a.callstack else None
+            live[where] = live.get(where, 0) + a.n_samples
+            return where, a.n_samples
 
-            def free(v) -> None:
-                live[v[0]] -= v[1]
-            tracker = memprof.Tracker(alloc, alloc, lambda v: v, free, free)
-            profile = memprof.start(rate, tracker=tracker)
-            try:
-                workload(args.size)
-            finally:
-                memprof.stop()
-                memprof.discard(profile)
-        return run
+        def free(v) -> None:
+            live[v[0]] -= v[1]
+        return memprof.Tracker(alloc, alloc, lambda v: v, free, free)
 
     def with_tracemalloc() -> None:
         tracemalloc.start()
@@ -122,9 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             tracemalloc.stop()
 
-    configs = {"none": none, "memprof 1e-4": with_memprof(1e-4), "memprof 1e-3": with_memprof(1e-3),
-               "memprof 1e-2": with_memprof(1e-2), "tracker 1e-4": with_tracker(1e-4),
-               "tracker 1e-3": with_tracker(1e-3), "tracemalloc": with_tracemalloc}
+    configs = {"none": none, "memprof 1e-4": profiled(1e-4), "memprof 1e-3": profiled(1e-3),
+               "memprof 1e-2": profiled(1e-2), "tracker 1e-4": profiled(1e-4, leak_hunter),
+               "tracker 1e-3": profiled(1e-3, leak_hunter), "tracemalloc": with_tracemalloc}
     times: dict[str, list[float]] = {name: [] for name in configs}
     workload(args.size / 10)  # warm up
     for _ in range(args.runs):

@@ -67,7 +67,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from .snapshot import Frame
+from .snapshot import Frame, Snapshots
 
 try:
     from . import _memprof
@@ -264,6 +264,87 @@ def discard(profile: Profile) -> None:
             _alive.remove(profile)
         if not _alive and _gc_callback in gc.callbacks:
             gc.callbacks.remove(_gc_callback)
+
+
+class AllocationLog:
+    """A tracker that keeps every sampled block, for :func:`to_snapshots`.
+
+    ``log.tracker`` records each block's thread, callstack and ``n_samples`` when its
+    allocation callback runs, and marks it freed when its deallocation callback runs
+    (it is promoted as is). ``log.blocks`` is the list of ``[thread name, callstack,
+    n_samples, still live]``. Memory: one small list per sampled block, like the
+    engine's own bound (:data:`MAX_TRACKED` live at once).
+    """
+
+    def __init__(self) -> None:
+        self.blocks: list[list] = []
+        self._lock = threading.Lock()
+        self.tracker: Tracker[list, list] = Tracker(self._alloc, self._alloc, _same, self._free, self._free)
+
+    def _alloc(self, a: Allocation) -> list:
+        block = [threading.current_thread().name, a.callstack, a.n_samples, True]
+        with self._lock:
+            self.blocks.append(block)
+        return block
+
+    @staticmethod
+    def _free(block: list) -> None:
+        block[3] = False
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def to_snapshots(profile: Profile, log: AllocationLog, *, live: bool = False) -> Snapshots:
+    """The samples of ``log`` (the tracker of ``profile``) as a :class:`Snapshots`
+    value the analyzer reads, weighed by estimated bytes instead of time.
+
+    Each sampled block is one sample, with its callstack, on its allocating thread;
+    its wall and CPU deltas are both its estimated bytes,
+    ``round(n_samples * WORD_SIZE / sampling_rate)``, in the slot that holds
+    microseconds (so the analyzer's seconds read as megabytes: 1 s = 10**6 bytes).
+    The analyzer charges a sample its own delta (its default ``interval='end'``; not
+    ``'midpoint'``), and gives a thread's first sample nothing: so each thread starts
+    with one sample of the empty stack and deltas 0. ``live=True`` keeps only the
+    blocks not freed yet (call it before :func:`discard`, after a safe point, such as
+    ``gc.collect()``, so that the last deallocations have been reported).
+    """
+    from .snapshot import OVERFLOW, RunInfo, StackTrie, ThreadInfo
+
+    if profile.sampling_rate <= 0:
+        raise ValueError("a profile sampled at rate 0 has no samples to weigh")
+    trie = StackTrie()
+    thread_ids: dict[str, int] = {}
+    threads: list[ThreadInfo] = []
+    cols: dict[str, list[int]] = {"thread": [], "stack": [], "delta": []}
+    overflow: dict[int, int] = {}
+    with log._lock:
+        blocks = list(log.blocks)
+    for name, callstack, n_samples, alive in blocks:
+        if live and not alive:
+            continue
+        tid = thread_ids.get(name)
+        if tid is None:
+            tid = thread_ids[name] = len(threads)
+            threads.append(ThreadInfo(tid, name, None, "thread", 0, 0.0, 0.0))
+            cols["thread"].append(tid)
+            cols["stack"].append(0)
+            cols["delta"].append(0)
+        weight = round(n_samples * WORD_SIZE / profile.sampling_rate)
+        if weight >= OVERFLOW:
+            overflow[len(cols["delta"])] = weight
+            weight = OVERFLOW
+        cols["thread"].append(tid)
+        cols["stack"].append(trie.path_id(trie.frame_id(f) for f in reversed(callstack)))
+        cols["delta"].append(weight)
+    run = RunInfo(pid=os.getpid(), python=sys.version.split()[0], engine="memprof",
+                  extra={"memprof": {"sampling_rate": profile.sampling_rate, "live": live,
+                                     "weight": "estimated bytes (1 us = 1 byte)"}})
+    return Snapshots(frames=trie.frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
+                     threads=threads, sample_thread=cols["thread"], sample_stack=cols["stack"],
+                     sample_wall=cols["delta"], sample_cpu=cols["delta"], wall_overflow=overflow,
+                     cpu_overflow=overflow, runs=[run])
 
 
 def _at_exit() -> None:

@@ -32,6 +32,13 @@ PRELUDE = textwrap.dedent("""
         '''Reach a safe point: a call, and backward jumps (eval-breaker checks).'''
         for _ in range(5):
             pass
+
+    def kept_blocks(n, words):
+        '''n bytes objects of exactly `words` words each, kept in a list.'''
+        out = []
+        for _ in range(n):
+            out.append(bytes(8 * words - 33))
+        return out
 """)
 
 

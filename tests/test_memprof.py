@@ -200,17 +200,12 @@ def test_promote_and_dealloc_run_after_stop_until_discard():
         gc.disable()
         events = []
         def alloc(a):
-            return a.size if a.size == 640 and a.callstack and a.callstack[0].name == "make" else None
+            return a.size if a.size == 640 and a.callstack and a.callstack[0].name == "kept_blocks" else None
         t = memprof.Tracker(alloc_minor=alloc, alloc_major=alloc,
                             promote=lambda v: events.append("promote") or v,
                             dealloc_major=lambda v: events.append("dealloc_major"))
-        def make(n):
-            out = []
-            for _ in range(n):
-                out.append(bytes(8 * 640 - 33))
-            return out
         p = memprof.start(1.0, tracker=t)
-        first, second = make(10), make(10)
+        first, second = kept_blocks(10, 640), kept_blocks(10, 640)
         settle()
         memprof.stop()
         settle()
@@ -285,7 +280,7 @@ def test_a_callback_returning_none_or_raising_ends_tracking():
         sys.unraisablehook = lambda u: raised.append(str(u.exc_value))
         def alloc(a):
             if (a.size != 64 or a.source is not memprof.AllocationSource.NORMAL or not a.callstack
-                    or a.callstack[0].name != "make"):
+                    or a.callstack[0].name != "kept_blocks"):
                 return None
             k = len(seen)
             seen.append(k)
@@ -296,13 +291,8 @@ def test_a_callback_returning_none_or_raising_ends_tracking():
             return k
         t = memprof.Tracker(alloc_minor=alloc, alloc_major=alloc, dealloc_minor=freed.append,
                             promote=lambda v: v, dealloc_major=freed.append)
-        def make(n):
-            out = []
-            for _ in range(n):
-                out.append(bytes(8 * 64 - 33))
-            return out
         p = memprof.start(0.01, tracker=t)
-        kept = make(2000)
+        kept = kept_blocks(2000, 64)
         settle()
         del kept
         settle()
@@ -429,3 +419,55 @@ def test_the_stress_program_runs_clean():
                           capture_output=True, text=True, env=repo_env(), timeout=300)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.startswith("memprof stress ok"), proc.stdout
+
+
+def test_to_snapshots_weighs_each_sample_by_its_estimated_bytes():
+    rate = 1e-3
+    out = run_program(f"""
+        import analyzer, itertools
+        RATE = {rate}
+        log = memprof.AllocationLog()
+        def small():   # nothing but the bytes objects (repeat allocates no ints)
+            for _ in itertools.repeat(None, 20000):
+                bytes(8 * 64 - 33)
+        def big():
+            keep = []
+            for _ in itertools.repeat(None, 20000):
+                keep.append(bytes(8 * 640 - 33))
+            return keep
+        p = memprof.start(RATE, tracker=log.tracker)
+        small()
+        kept = big()
+        settle()
+        memprof.stop()
+        def totals(snapshots):
+            prof = analyzer.analyze_samples(snapshots)
+            return {{n.id: n.total for n in prof.nodes}}
+        def expected(name, live_only):
+            return sum(round(n * memprof.WORD_SIZE / RATE) for _, stack, n, alive in log.blocks
+                       if (alive or not live_only) and any(f.name == name for f in stack)) / 1e6
+        allocated = totals(memprof.to_snapshots(p, log))
+        live_before = totals(memprof.to_snapshots(p, log, live=True))
+        want = {{name: [expected(name, False), expected(name, True)] for name in ("small", "big")}}
+        del kept
+        gc.collect()
+        live_after = totals(memprof.to_snapshots(p, log, live=True))
+        memprof.discard(p)
+        print(json.dumps({{"allocated": allocated, "live_before": live_before, "live_after": live_after,
+                          "want": want}}))
+    """)
+    want = out["want"]
+    for name in ("small", "big"):
+        assert out["allocated"][name] == pytest.approx(want[name][0], rel=1e-9)
+    # small's blocks died at once; big's are all alive until `kept` goes
+    assert "small" not in out["live_before"]
+    assert out["live_before"]["big"] == pytest.approx(want["big"][1], rel=1e-9)
+    assert out["live_before"]["big"] >= 0.98 * out["allocated"]["big"]
+    assert "big" not in out["live_after"]
+    # big allocates ten times small's bytes (plus its list): the estimate says so,
+    # within the bounds of the binomial (in megabytes: words * 8 / rate / 1e6)
+    lo_s, hi_s = binomial_bound(64 * 20000, rate)
+    lo_b, _ = binomial_bound(640 * 20000, rate)
+    mb = 8 / rate / 1e6
+    assert lo_s * mb <= out["allocated"]["small"] <= hi_s * mb
+    assert out["allocated"]["big"] >= lo_b * mb

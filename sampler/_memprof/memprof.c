@@ -590,6 +590,20 @@ static void deliver_allocs(ms_tls *t) {
     }
 }
 
+/* The next record of a batch taken for callbacks, and (in *cb) the callback kept
+ * for it; NULL when the batch is done. */
+static ms_rec *take_next(ms_tls *t, ms_list *batch, PyObject **cb) {
+    lock(t);
+    ms_rec *r = batch->head;
+    if (r) list_remove(r);
+    unlock(t);
+    if (r) {
+        *cb = r->cb;
+        r->cb = NULL;
+    }
+    return r;
+}
+
 /* Promote the minor blocks sampled before collection number `limit` started. */
 static void promote_blocks(ms_tls *t, uint64_t limit) {
     ms_drops d = {0};
@@ -607,14 +621,8 @@ static void promote_blocks(ms_tls *t, uint64_t limit) {
         }
     }
     unlock(t);
-    for (;;) {
-        lock(t);
-        ms_rec *r = todo.head;
-        if (r) list_remove(r);
-        unlock(t);
-        if (r == NULL) break;
-        PyObject *cb = r->cb;
-        r->cb = NULL;
+    PyObject *cb;
+    for (ms_rec *r; (r = take_next(t, &todo, &cb)) != NULL;) {
         PyObject *res = kept(call1(cb, r->value), cb);
         atomic_fetch_add(&g_delivered, 1);
         lock(t);
@@ -650,14 +658,8 @@ static void deliver_deallocs(ms_tls *t) {
     }
     unlock(t);
     drops_release(&d);
-    for (;;) {
-        lock(t);
-        ms_rec *r = q.head;
-        if (r) list_remove(r);
-        unlock(t);
-        if (r == NULL) break;
-        PyObject *cb = r->cb;
-        r->cb = NULL;
+    PyObject *cb;
+    for (ms_rec *r; (r = take_next(t, &q, &cb)) != NULL;) {
         PyObject *res = r->prof->state == PS_DISCARDED ? NULL : call1(cb, r->value);
         if (res == NULL && PyErr_Occurred()) PyErr_WriteUnraisable(cb);
         Py_XDECREF(res);
