@@ -471,3 +471,18 @@ def test_to_snapshots_weighs_each_sample_by_its_estimated_bytes():
     mb = 8 / rate / 1e6
     assert lo_s * mb <= out["allocated"]["small"] <= hi_s * mb
     assert out["allocated"]["big"] >= lo_b * mb
+
+
+def test_the_benchmark_script_runs_and_prints_every_configuration():
+    """A smoke run (no timing is asserted: the numbers are for people)."""
+    import subprocess
+    import sys
+
+    from run_helpers import REPO, repo_env
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_memprof", "--runs", "1", "--size", "0.02"],
+                          capture_output=True, text=True, env=repo_env(), cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|")[1].strip() for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert rows == ["profiler", "none", "memprof 1e-4", "memprof 1e-3", "memprof 1e-2", "tracker 1e-4",
+                    "tracker 1e-3", "tracemalloc"], proc.stdout
+    assert "bytes of record" in proc.stdout, proc.stdout

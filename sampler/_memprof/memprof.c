@@ -995,5 +995,7 @@ PyMODINIT_FUNC PyInit__memprof(void) {
     PyModule_AddIntConstant(m, "MINOR_MAX_BYTES", MS_MINOR_MAX);
     PyModule_AddIntConstant(m, "MAX_RECORDS", MS_MAX_RECORDS);
     PyModule_AddIntConstant(m, "MAX_DEPTH", MS_MAX_DEPTH);
+    PyModule_AddIntConstant(m, "RECORD_BYTES", sizeof(ms_rec));
+    PyModule_AddIntConstant(m, "TABLE_BYTES", MS_TABLE_SLOTS * 2 * sizeof(void *));
     return m;
 }
