@@ -30,8 +30,8 @@ CPython's mapping:
   reports the block deallocated.
 * **source**: ``NORMAL`` for the object allocator (``PyObject_Malloc``: Python
   objects), ``CUSTOM`` for the memory allocator (``PyMem_Malloc``: buffers that objects
-  own, such as list item arrays and ``bytearray`` storage). ``MARSHAL`` is never
-  produced, as in OCaml 5.
+  own, such as list item arrays; which allocator a type's buffers come from varies
+  with the version). ``MARSHAL`` is never produced, as in OCaml 5.
 
 Where callbacks run (none ever runs inside the allocator):
 

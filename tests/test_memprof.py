@@ -486,3 +486,37 @@ def test_the_benchmark_script_runs_and_prints_every_configuration():
     assert rows == ["profiler", "none", "memprof 1e-4", "memprof 1e-3", "memprof 1e-2", "tracker 1e-4",
                     "tracker 1e-3", "tracemalloc"], proc.stdout
     assert "bytes of record" in proc.stdout, proc.stdout
+
+
+def test_sources_sizes_and_callstack_size():
+    out = run_program("""
+        seen = []
+        def record(a):
+            if a.callstack and a.callstack[0].name == "make":
+                seen.append([a.source.name, a.size, [f.name for f in a.callstack]])
+            return None
+        def make():
+            return [None] * 1000   # an item array of 1000 words (the list object may come from a freelist)
+        def outer():
+            return make()
+        tracker = memprof.Tracker(alloc_minor=record, alloc_major=record)
+        for size in (sys.maxsize, 2, 1):
+            p = memprof.start(1.0, callstack_size=size, tracker=tracker)
+            outer()
+            settle()
+            memprof.stop()
+            memprof.discard(p)
+        p = memprof.start(1.0, callstack_size=0, tracker=memprof.Tracker(
+            alloc_minor=lambda a: seen.append(len(a.callstack)), alloc_major=lambda a: seen.append(len(a.callstack))))
+        outer()
+        settle()
+        memprof.stop()
+        print(json.dumps({"seen": seen}))
+    """)
+    seen = out["seen"]
+    full = [s for s in seen if isinstance(s, list) and len(s[2]) > 2]
+    assert ["CUSTOM", 1000, ["make", "outer", "<module>"]] in full
+    assert ["CUSTOM", 1000, ["make", "outer"]] in seen
+    assert ["CUSTOM", 1000, ["make"]] in seen
+    zero = [s for s in seen if isinstance(s, int)]
+    assert zero and set(zero) == {0}
