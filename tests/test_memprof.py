@@ -242,7 +242,7 @@ def test_allocation_callbacks_waiting_at_stop_or_thread_exit_are_dropped():
             gate.acquire()
             done.release()
         tid = _thread.start_new_thread(blocked, ())
-        while _memprof.info()["threads_waiting"] == 0:
+        while tid not in _memprof.waiting_threads():   # its block is sampled, its callback waits
             pass
         memprof.stop()
         gate.release()

@@ -95,6 +95,8 @@ typedef struct ms_tls {
     int seeded, in_callback, in_lock, registered;
     int npending;
     ms_list pending;           /* its sampled blocks waiting for their allocation callback */
+    unsigned long ident;       /* once registered: the thread's ident */
+    struct ms_tls *reg_prev, *reg_next;  /* the registered threads (g_threads) */
 } ms_tls;
 
 /* ---- shared state --------------------------------------------------------------- */
@@ -126,6 +128,7 @@ static int g_eval_installed = 0;
 static _Atomic int64_t g_delivered = 0;  /* callbacks run (for tests of latency) */
 
 static __thread ms_tls tls;
+static ms_tls *g_threads = NULL;         /* threads that sampled a block and live on */
 
 typedef struct {
     PyMemAllocatorEx orig;
@@ -395,7 +398,14 @@ static void sampled(ms_tls *t, ms_profile *prof, void *ptr, size_t words, int64_
     table_insert(r);
     list_push(&t->pending, r);
     if (t->npending++ == 0) g_threads_waiting++;
-    if (!t->registered) { pthread_setspecific(g_key, t); t->registered = 1; }
+    if (!t->registered) {  /* its exit must drop its waiting callbacks: be told of it */
+        pthread_setspecific(g_key, t);
+        t->registered = 1;
+        t->ident = PyThread_get_thread_ident();
+        t->reg_next = g_threads;
+        if (g_threads) g_threads->reg_prev = t;
+        g_threads = t;
+    }
     install_eval();
     unlock(t);
     if (PyThread_get_thread_ident() == g_main_ident) schedule_main();
@@ -760,6 +770,10 @@ static void tls_destructor(void *arg) {
         r->owner = NULL;
         list_push(&g_orphans, r);
     }
+    if (t->reg_prev) t->reg_prev->reg_next = t->reg_next; else g_threads = t->reg_next;
+    if (t->reg_next) t->reg_next->reg_prev = t->reg_prev;
+    t->reg_prev = t->reg_next = NULL;
+    t->registered = 0;
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -955,6 +969,24 @@ static PyObject *mod_info(PyObject *m, PyObject *unused) {
                          (long long)atomic_load(&g_delivered));
 }
 
+/* The idents of the threads whose allocation callbacks are waiting (tests). */
+static PyObject *mod_waiting_threads(PyObject *m, PyObject *unused) {
+    ms_tls *t = &tls;
+    unsigned long idents[256];
+    int n = 0;
+    lock(t);  /* no Python allocation under the lock: copy, then build the list */
+    for (ms_tls *x = g_threads; x && n < 256; x = x->reg_next)
+        if (x->npending) idents[n++] = x->ident;
+    unlock(t);
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(idents[i]);
+        if (v == NULL || PyList_Append(out, v) < 0) { Py_XDECREF(v); Py_CLEAR(out); break; }
+        Py_DECREF(v);
+    }
+    return out;
+}
+
 static PyObject *mod_after_fork(PyObject *m, PyObject *unused) {
     pthread_mutex_init(&g_lock, NULL);
     g_main_ident = PyThread_get_thread_ident();
@@ -970,6 +1002,8 @@ static PyMethodDef module_methods[] = {
     {"gc_phase", mod_gc_phase, METH_O, "gc_phase(started): a collection starts (True) or ends (False)."},
     {"seed", mod_seed, METH_O, "seed(n): seed the generators of threads that start sampling from now (tests)."},
     {"info", mod_info, METH_NOARGS, "The engine's global counters (tests, diagnostics)."},
+    {"waiting_threads", mod_waiting_threads, METH_NOARGS,
+     "The idents of the threads whose allocation callbacks are waiting (tests)."},
     {"after_fork", mod_after_fork, METH_NOARGS, "In a forked child: reset the lock."},
     {NULL, NULL, 0, NULL},
 };
