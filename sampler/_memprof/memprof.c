@@ -126,6 +126,7 @@ static int g_live_profiles = 0;          /* started and not discarded */
 static _PyFrameEvalFunction g_prev_eval = NULL;
 static int g_eval_installed = 0;
 static _Atomic int64_t g_delivered = 0;  /* callbacks run (for tests of latency) */
+static int64_t g_orphaned = 0;           /* allocation callbacks dropped at a thread's exit */
 
 static __thread ms_tls tls;
 static ms_tls *g_threads = NULL;         /* threads that sampled a block and live on */
@@ -769,6 +770,7 @@ static void tls_destructor(void *arg) {
         r->state = ST_ORPHAN;
         r->owner = NULL;
         list_push(&g_orphans, r);
+        g_orphaned++;
     }
     if (t->reg_prev) t->reg_prev->reg_next = t->reg_next; else g_threads = t->reg_next;
     if (t->reg_next) t->reg_next->reg_prev = t->reg_prev;
@@ -963,10 +965,11 @@ static PyObject *mod_info(PyObject *m, PyObject *unused) {
     lock(t);
     long long recs = g_nrecs, in_table = atomic_load(&g_in_table);
     int waiting = g_threads_waiting, eval = g_eval_installed, hooks = g_hooks_installed;
+    long long orphaned = g_orphaned;
     unlock(t);
-    return Py_BuildValue("{sLsLsisisisL}", "records", recs, "in_table", in_table, "threads_waiting", waiting,
+    return Py_BuildValue("{sLsLsisisisLsL}", "records", recs, "in_table", in_table, "threads_waiting", waiting,
                          "eval_installed", eval, "hooks_installed", hooks, "callbacks_run",
-                         (long long)atomic_load(&g_delivered));
+                         (long long)atomic_load(&g_delivered), "orphaned", orphaned);
 }
 
 /* The idents of the threads whose allocation callbacks are waiting (tests). */
