@@ -161,12 +161,11 @@ static uint64_t splitmix(uint64_t *x) {
 }
 
 static _Atomic uint64_t g_seed_counter = 0;
-static uint64_t g_seed_base = 0;  /* set by seed(): 0 means from the clock */
 
 static void tls_seed(ms_tls *t) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t x = g_seed_base ? g_seed_base : ((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uintptr_t)t);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uintptr_t)t;
     x ^= 0x632BE59BD9B4E019ULL * (atomic_fetch_add(&g_seed_counter, 1) + 1);
     for (int i = 0; i < 4; i++) t->rng[i] = splitmix(&x);
     t->seeded = 1;
@@ -951,15 +950,6 @@ static PyObject *mod_gc_phase(PyObject *m, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *mod_seed(PyObject *m, PyObject *arg) {
-    unsigned long long s = PyLong_AsUnsignedLongLongMask(arg);
-    if (s == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    g_seed_base = s;
-    tls.seeded = 0;
-    tls.epoch = 0;
-    Py_RETURN_NONE;
-}
-
 static PyObject *mod_info(PyObject *m, PyObject *unused) {
     ms_tls *t = &tls;
     lock(t);
@@ -1003,7 +993,6 @@ static PyMethodDef module_methods[] = {
      "make_allocation, main_thread_ident) -> Core"},
     {"run_callbacks", mod_run_callbacks, METH_NOARGS, "Run the callbacks this thread may run now."},
     {"gc_phase", mod_gc_phase, METH_O, "gc_phase(started): a collection starts (True) or ends (False)."},
-    {"seed", mod_seed, METH_O, "seed(n): seed the generators of threads that start sampling from now (tests)."},
     {"info", mod_info, METH_NOARGS, "The engine's global counters (tests, diagnostics)."},
     {"waiting_threads", mod_waiting_threads, METH_NOARGS,
      "The idents of the threads whose allocation callbacks are waiting (tests)."},
