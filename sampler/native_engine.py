@@ -43,8 +43,12 @@ REFRESH_STATIC = 0.1
 """Seconds between turns when only started threads are tracked: nothing to look up,
 only samples to file (a turn costs the program ~0.2 ms of GIL time)."""
 
-MAX_KEY_CACHE_BYTES = 16 << 20
+MAX_KEY_CACHE_BYTES = 2 << 20
 """Bytes of raw stacks remembered to skip re-interning a stack seen before."""
+
+MAX_KEY_BYTES = 4096
+"""A raw stack longer than this (256 frames) is not remembered: deep stacks are
+rarely seen twice, and remembering them would cost memory per new stack."""
 
 MAX_KEPT_ERRORS = 10
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
@@ -65,7 +69,9 @@ class _Resolver:
     keeps making code keeps none of its code through the profiler.
     """
 
-    MAX_CODES = 200_000  # then forget them all; the C thread sends them again
+    MAX_CODES = 2048  # then forget them all; the C thread sends them again as it meets them
+    # (a cache, not the profile: the recorder keeps the frames; small, so that a
+    # program that keeps making code costs the profiler bounded memory)
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
@@ -75,13 +81,13 @@ class _Resolver:
 
     def learn(self, codes: list) -> None:
         """File the code copies of one drain (before its samples)."""
-        if len(self._codes) + len(codes) > self.MAX_CODES:
+        if len(self._codes) + len(codes) > self.MAX_CODES or len(self._frames) > 4 * self.MAX_CODES:
             self._codes.clear()
             self._frames.clear()
             self._engine.forget_codes()
         for addr, fp, firstlineno, code_bytes, name_kind, name, file_kind, filename, table in codes:
             self._codes[(addr, fp)] = (_text(name, name_kind) or "<unknown>", _text(filename, file_kind),
-                                       firstlineno, _line_table(code_bytes, firstlineno, table))
+                                       firstlineno, (code_bytes, table))
 
     def frame(self, code_addr: int, lasti: int, fingerprint: int) -> Frame:
         key = (code_addr, fingerprint, lasti)
@@ -92,7 +98,8 @@ class _Resolver:
         if code is None:
             self.unresolved += 1
             return _UNKNOWN
-        name, filename, firstlineno, lines = code
+        name, filename, firstlineno, (code_bytes, table) = code
+        lines = _line_table(code_bytes, firstlineno, table) if lasti >= 0 else None
         found = self._frames[key] = Frame(name, filename, firstlineno, _line_of(lines, firstlineno, lasti))
         return found
 
@@ -112,7 +119,9 @@ _NO_TABLE = {"co_exceptiontable": b""} if sys.version_info >= (3, 11) else {}
 
 
 def _line_table(code_bytes: int, firstlineno: int, table: bytes) -> Optional[Any]:
-    """A stand-in code object carrying a copied line table (for ``co_lines``)."""
+    """A stand-in code object carrying a copied line table (for ``co_lines``), made
+    when a new instruction offset is to be resolved and dropped after: only the
+    table's bytes are kept, so what a profile keeps per function stays small."""
     if not table or code_bytes <= 0 or code_bytes % 2:
         return None
     try:
@@ -534,8 +543,8 @@ class NativeCollector:
         if flags & _native.TRUNCATED:
             frames.insert(0, _TRUNCATED)
         sid = self.recorder.stack_id(frames)
-        if _UNKNOWN in frames:
-            return sid  # resolve again next time: the code may be found live then
+        if _UNKNOWN in frames or len(raw) > MAX_KEY_BYTES:
+            return sid
         if self._keys_bytes + len(raw) > MAX_KEY_CACHE_BYTES:
             self._keys.clear()
             self._keys_bytes = 0

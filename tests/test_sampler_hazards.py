@@ -52,14 +52,14 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
 @pytest.mark.parametrize("what", ["thread", "all", "profile"])
 def test_a_forked_child_samples_the_thread_that_forked(what):
     out = run_child(f"""
-        import os, threading, sampler
+        import os, threading, sampler, stackshot
         what = {what!r}
         pid = os.fork()
         if pid == 0:
             code = 3
             try:
                 if what == "profile":
-                    with sampler.profile(delay=0.001, render=None) as p:
+                    with stackshot.profile(delay=0.001, render=None) as p:
                         ctl = p._sampler if hasattr(p, "_sampler") else None
                         spin(0.3)
                     snaps = p.snapshots
@@ -380,6 +380,8 @@ def test_a_gevent_greenlet_tracked_before_it_first_runs_is_sampled():
     assert out.strip() == "samples True True", out
 
 
+@pytest.mark.engines("python")  # the native engine learns of raw _thread threads only at
+# its feeder's next turn (scribblings/sampler.md, Engines): short ones go unseen
 def test_raw_threads_that_reuse_idents_are_all_sampled():
     out = run_child("""
         import _thread, threading, sampler
