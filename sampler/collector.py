@@ -26,7 +26,57 @@ MAX_KEPT_ERRORS = 10
 _SHORT_WAIT = 0.02
 
 
-class Collector:
+class Steering:
+    """What every engine's collector shares with the controller: the pause depth,
+    a wake-up call, and an end it can wait for (see :class:`Collector`'s contract)."""
+
+    def __init__(self) -> None:
+        self._pauses: list[None] = []  # one item per pause not yet resumed
+        self._fresh_locks()
+
+    def _fresh_locks(self) -> None:
+        """New locks (also in a forked child, where the old ones may be held forever)."""
+        self._wake = realthreads.allocate_lock()
+        self._wake.acquire()  # held: acquire(timeout) is an interruptible sleep
+        self._done = realthreads.allocate_lock()
+        self._done.acquire()  # released when the thread ends
+
+    @property
+    def paused(self) -> int:
+        """How many pauses are not resumed yet."""
+        return len(self._pauses)
+
+    def pause(self) -> int:
+        """One more pause; returns the depth it made (1 for the first)."""
+        self._pauses.append(None)
+        return len(self._pauses)
+
+    def resume(self) -> int:
+        """Undo one pause; returns the depth left.  ``IndexError`` when not paused."""
+        self._pauses.pop()
+        return len(self._pauses)
+
+    def _wake_thread(self) -> None:
+        try:
+            self._wake.release()
+        except RuntimeError:  # already awake
+            pass
+
+    def _ended(self) -> None:
+        """The thread's last act: let :meth:`join` return."""
+        try:
+            self._done.release()
+        except RuntimeError:
+            pass
+
+    def join(self, timeout: float) -> bool:
+        if self._done.acquire(timeout=timeout):
+            self._done.release()
+            return True
+        return False
+
+
+class Collector(Steering):
     """Scheduling state shared by the collector thread and the controller.
 
     The contract with the controller (any engine's collector class that keeps it can
@@ -49,11 +99,7 @@ class Collector:
     """
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        self._pauses: list[None] = []  # one item per pause not yet resumed
-        self._wake = realthreads.allocate_lock()
-        self._wake.acquire()  # held: acquire(timeout) below is an interruptible sleep
-        self._done = realthreads.allocate_lock()
-        self._done.acquire()  # released when the thread ends
+        super().__init__()
         self.tracker = tracker
         self.delay = delay
         self.recorder = recorder
@@ -70,21 +116,6 @@ class Collector:
 
     # -- controller side -------------------------------------------------------
     @property
-    def paused(self) -> int:
-        """How many pauses are not resumed yet."""
-        return len(self._pauses)
-
-    def pause(self) -> int:
-        """One more pause; returns the depth it made (1 for the first)."""
-        self._pauses.append(None)
-        return len(self._pauses)
-
-    def resume(self) -> int:
-        """Undo one pause; returns the depth left.  ``IndexError`` when not paused."""
-        self._pauses.pop()
-        return len(self._pauses)
-
-    @property
     def collector_cpu(self) -> float:
         """CPU seconds the collector thread has used, read from outside it (reading
         it on every tick would add a system call to the hot path)."""
@@ -97,22 +128,12 @@ class Collector:
         self.ident = realthreads.start_new_thread(self._main, ())
 
     def wake(self) -> None:
-        try:
-            self._wake.release()
-        except RuntimeError:  # already awake
-            pass
-
-    def join(self, timeout: float) -> bool:
-        if self._done.acquire(timeout=timeout):
-            self._done.release()
-            return True
-        return False
+        self._wake_thread()
 
     def reset_after_fork(self) -> None:
         """In a forked child the thread is gone and its locks may be held forever."""
-        self._wake = realthreads.allocate_lock()
-        self._wake.acquire()
-        self._done = realthreads.allocate_lock()
+        self._fresh_locks()
+        self._done.release()  # nothing to wait for
         self.stopped = True
         if self._final_cpu is None:
             self._final_cpu = 0.0  # the parent's collector cannot be read from here
@@ -130,10 +151,7 @@ class Collector:
         finally:
             collector_idents.discard(realthreads.get_ident())
             self._final_cpu = time.thread_time()
-            try:
-                self._done.release()
-            except RuntimeError:
-                pass
+            self._ended()
 
     def _loop(self) -> None:
         deadline: Optional[float] = None

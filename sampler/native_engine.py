@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, read_cpu, thread_clock_id
+from .collector import Steering
 from .groups import ThreadGroup, notify_started, start_listeners
 from .marks import mark_entries
 from .recorder import Recorder
@@ -177,18 +178,14 @@ class _Slot:
         self.last_cpu_us = 0
 
 
-class NativeCollector:
+class NativeCollector(Steering):
     """The collector interface of :class:`~sampler.collector.Collector`, natively."""
 
     engine_name = "native"
     needs_switch_interval = False  # the C thread never waits for the GIL
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        self._pauses: list[None] = []  # one item per pause not yet resumed (atomic steps)
-        self._wake = realthreads.allocate_lock()
-        self._wake.acquire()
-        self._done = realthreads.allocate_lock()
-        self._done.acquire()
+        super().__init__()
         self.tracker = tracker
         self.delay = delay
         self.recorder = recorder
@@ -213,20 +210,6 @@ class NativeCollector:
         self._draining: Optional[int] = None  # the thread filing samples now
 
     # -- the collector interface (see sampler.collector.Collector) ---------------
-    @property
-    def paused(self) -> int:
-        """How many pauses are not yet resumed."""
-        return len(self._pauses)
-
-    def pause(self) -> int:
-        self._pauses.append(None)
-        return len(self._pauses)
-
-    def resume(self) -> int:
-        """Undo one pause; ``IndexError`` when not paused."""
-        self._pauses.pop()
-        return len(self._pauses)
-
     def start(self) -> None:
         start_listeners.add(self._thread_started)
         self._refresh_targets()
@@ -244,16 +227,7 @@ class NativeCollector:
         if state != self._applied:
             self._engine.set_state(*state)
             self._applied = state
-        try:
-            self._wake.release()
-        except RuntimeError:
-            pass
-
-    def join(self, timeout: float) -> bool:
-        if self._done.acquire(timeout=timeout):
-            self._done.release()
-            return True
-        return False
+        self._wake_thread()
 
     def flush(self) -> None:
         """File every sample taken so far (the controller calls this before a snapshot).
@@ -270,9 +244,8 @@ class NativeCollector:
     def reset_after_fork(self) -> None:
         """In a forked child neither thread exists: keep what was filed, stop for good."""
         self._forked = True
-        self._wake = realthreads.allocate_lock()
-        self._wake.acquire()
-        self._done = realthreads.allocate_lock()
+        self._fresh_locks()
+        self._done.release()  # nothing to wait for
         self.stopped = True
         self._engine.forget_after_fork()
         self._stats_after_stop = dict(self._stats(), collector_cpu=0.0)
@@ -348,10 +321,7 @@ class NativeCollector:
             collector_idents.discard(realthreads.get_ident())
             self._feeder_final = time.thread_time()
             self._feeder_clock = None
-            try:
-                self._done.release()
-            except RuntimeError:
-                pass
+            self._ended()
 
     def _record_error(self) -> None:
         self.error_count += 1
