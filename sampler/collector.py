@@ -27,12 +27,26 @@ _SHORT_WAIT = 0.02
 
 
 class Steering:
-    """What every engine's collector shares with the controller: the pause depth,
-    a wake-up call, and an end it can wait for (see :class:`Collector`'s contract)."""
+    """What every engine's collector shares with the controller: what to sample and
+    how often, the pause depth, a wake-up call, an end it can wait for, and the
+    errors it kept (see :class:`Collector`'s contract)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
+        self.tracker = tracker
+        self.delay = delay
+        self.recorder = recorder
+        self.stopped = False
+        self.ident: Optional[int] = None
+        self.error_count = 0
+        self.errors: list[str] = []
         self._pauses: list[None] = []  # one item per pause not yet resumed
         self._fresh_locks()
+
+    def _record_error(self) -> None:
+        """Keep the exception being handled (never let it reach the program)."""
+        self.error_count += 1
+        if len(self.errors) < MAX_KEPT_ERRORS:
+            self.errors.append(traceback.format_exc())
 
     def _fresh_locks(self) -> None:
         """New locks (also in a forked child, where the old ones may be held forever)."""
@@ -99,20 +113,13 @@ class Collector(Steering):
     """
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        super().__init__()
-        self.tracker = tracker
-        self.delay = delay
-        self.recorder = recorder
-        self.stopped = False
-        self.ident: Optional[int] = None
+        super().__init__(tracker, delay, recorder)
         # statistics (written by the collector thread only)
         self.ticks = 0
         self.late_ticks = 0
         self.missed_ticks = 0
         self._final_cpu: Optional[float] = None
         self._clock: Optional[int] = None
-        self.error_count = 0
-        self.errors: list[str] = []
 
     # -- controller side -------------------------------------------------------
     @property
@@ -212,8 +219,3 @@ class Collector(Steering):
         except Exception:
             self._record_error()
             recorder.repair()
-
-    def _record_error(self) -> None:
-        self.error_count += 1
-        if len(self.errors) < MAX_KEPT_ERRORS:
-            self.errors.append(traceback.format_exc())

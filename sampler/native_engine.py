@@ -23,7 +23,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 import weakref
 from typing import Any, Optional
 
@@ -51,7 +50,6 @@ MAX_KEY_BYTES = 4096
 """A raw stack longer than this (256 frames) is not remembered: deep stacks are
 rarely seen twice, and remembering them would cost memory per new stack."""
 
-MAX_KEPT_ERRORS = 10
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
 ASLEEP = _native.ASLEEP
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
@@ -185,14 +183,7 @@ class NativeCollector(Steering):
     needs_switch_interval = False  # the C thread never waits for the GIL
 
     def __init__(self, tracker: Tracker, delay: float, recorder: Recorder) -> None:
-        super().__init__()
-        self.tracker = tracker
-        self.delay = delay
-        self.recorder = recorder
-        self.stopped = False
-        self.ident: Optional[int] = None
-        self.error_count = 0
-        self.errors: list[str] = []
+        super().__init__(tracker, delay, recorder)
         self._engine = _native.Engine(delay, marks=bool(recorder.custom_keys))
         self._resolver = _Resolver(self._engine)
         self._slots: dict[int, _Slot] = {}  # slot number -> slot (this turn's and the last)
@@ -322,11 +313,6 @@ class NativeCollector(Steering):
             self._feeder_final = time.thread_time()
             self._feeder_clock = None
             self._ended()
-
-    def _record_error(self) -> None:
-        self.error_count += 1
-        if len(self.errors) < MAX_KEPT_ERRORS:
-            self.errors.append(traceback.format_exc())
 
     # -- what to read ----------------------------------------------------------------
     def _thread_started(self) -> None:
