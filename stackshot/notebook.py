@@ -73,10 +73,11 @@ def trim_cell(snapshots: Snapshots, magic_code: Any, shell: Any) -> Snapshots:
     magic): first everything above the magic goes; then, below it, the shell's
     ``run_cell`` is the profiler's overhead (transforming and compiling the cell: a
     sample there is idle) until its ``run_code`` calls the user's code, where the
-    profile starts.
+    profile starts. A sample in neither (the kernel's own work around the cell) is
+    idle: the profile shows the user's code only.
     """
-    below_magic = trim_snapshots(snapshots, (magic_code,))
-    return trim_snapshots(below_magic, cell_entries(), overhead=_cell_runners(shell))
+    below_magic = trim_snapshots(snapshots, (magic_code,), outside_is_idle=True)
+    return trim_snapshots(below_magic, cell_entries(), overhead=_cell_runners(shell), outside_is_idle=True)
 
 
 def _magics_class() -> type:

@@ -199,6 +199,7 @@ def trim_snapshots(
     overhead: Optional[Iterable[Callable[..., Any]]] = None,
     own_files: Optional[Iterable[str]] = None,
     launch_files: Optional[Iterable[str]] = None,
+    outside_is_idle: bool = False,
 ) -> Snapshots:
     """The snapshots without the profiler's own frames and work.
 
@@ -215,6 +216,9 @@ def trim_snapshots(
     * So is a sample whose innermost frame is the sampler's own code.
     * Launcher frames (``own_files`` and ``launch_files``: the sampler's modules,
       ``runpy``) at the root of a stack are cut.
+    * With ``outside_is_idle``, a sample that is in no entry at all (the host's own
+      work around the profiled code: a notebook kernel between a magic and the
+      cell's code) is idle too.
     * Other frames of the sampler's own code (a thread group's hook around
       ``Thread.start`` and ``run``, say) are spliced out: their caller is shown
       calling their callee, as it would be without the profiler.
@@ -261,7 +265,8 @@ def trim_snapshots(
         else:
             state[s] = OUTER if st in (ROOT, OUTER) else INNER
             new_id[s] = intern(new_id[p], f)
-        final[s] = 0 if new_id[s] == 0 or fr.filename in own else new_id[s]
+        final[s] = 0 if (new_id[s] == 0 or fr.filename in own
+                         or (outside_is_idle and state[s] in (ROOT, OUTER))) else new_id[s]
 
     sample_stack = array("I", (final[s] for s in snapshots.sample_stack))
     new_frames, new_sf, new_sp, sample_stack = _compact(
