@@ -43,7 +43,7 @@ REFRESH_STATIC = 0.1
 """Seconds between turns when only started threads are tracked: nothing to look up,
 only samples to file (a turn costs the program ~0.2 ms of GIL time)."""
 
-MAX_KEY_CACHE_BYTES = 2 << 20
+MAX_KEY_CACHE_BYTES = 128 << 10
 """Bytes of raw stacks remembered to skip re-interning a stack seen before."""
 
 MAX_KEY_BYTES = 4096
@@ -68,7 +68,7 @@ class _Resolver:
     keeps making code keeps none of its code through the profiler.
     """
 
-    MAX_CODES = 2048  # then forget them all; the C thread sends them again as it meets them
+    MAX_CODES = 512  # then forget them all; the C thread sends them again as it meets them
     # (a cache, not the profile: the recorder keeps the frames; small, so that a
     # program that keeps making code costs the profiler bounded memory)
 
@@ -80,7 +80,7 @@ class _Resolver:
 
     def learn(self, codes: list) -> None:
         """File the code copies of one drain (before its samples)."""
-        if len(self._codes) + len(codes) > self.MAX_CODES or len(self._frames) > 4 * self.MAX_CODES:
+        if len(self._codes) + len(codes) > self.MAX_CODES or len(self._frames) > 2 * self.MAX_CODES:
             self._codes.clear()
             self._frames.clear()
             self._engine.forget_codes()

@@ -23,7 +23,7 @@ from . import realthreads
 _lock = realthreads.allocate_rlock()
 _wanted: dict[int, float] = {}
 _saved: list[float] = []  # the program's own interval while we hold it lowered
-_ours: list[float] = []  # the interval we set, while we hold it lowered
+_ours: list[float] = []  # every interval we set while we hold it lowered
 _generation = [0]
 _FLOOR = 0.0001  # below this the interpreter spends its time switching
 
@@ -52,15 +52,20 @@ def _apply() -> None:
     while True:
         seen = _generation[0]
         current = sys.getswitchinterval()
-        if _saved and _ours and abs(current - _ours[0]) > 1e-6:
-            _saved[0] = current  # the program set its own: that is its interval now
+        if _saved and _ours and all(abs(current - v) > 1e-6 for v in list(_ours)):
+            # none of ours (a handler may have interrupted us between noting a value
+            # and setting it, so any value we noted counts as ours): the program set
+            # its own, and that is its interval now
+            _saved[0] = current
         saved = _saved[:1]
         base = saved[0] if saved else current
         target = min((max(d / 2, _FLOOR) for d in list(_wanted.values())), default=base)
         if target < base:
             if not _saved:
                 _saved.append(base)
-            _ours[:] = [target]
+            if target not in _ours:
+                _ours.append(target)
+                del _ours[:-16]  # a few distinct delays at most; keep it bounded
             sys.setswitchinterval(target)
         elif saved:
             sys.setswitchinterval(saved[0])
