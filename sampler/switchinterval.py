@@ -22,8 +22,8 @@ from . import realthreads
 
 _lock = realthreads.allocate_rlock()
 _wanted: dict[int, float] = {}
-_saved: list[float] = []  # the program's own interval while we hold it lowered
-_ours: list[float] = []  # every interval we set while we hold it lowered
+_program: list[float] = []  # the program's own interval, as last seen
+_ours: list[float] = []  # every interval we have set (to tell ours from the program's)
 _generation = [0]
 _FLOOR = 0.0001  # below this the interpreter spends its time switching
 
@@ -46,31 +46,25 @@ def release(owner: int) -> None:
 
 
 def _apply() -> None:
-    # Ordering keeps _saved truthful at every instruction: the program's interval is
-    # saved before the interval is lowered, and forgotten after it is put back; the
-    # interval we set is noted before we set it.
+    # Each step reads the state afresh and ends in a consistent state whatever ran in
+    # between: the program's own interval is whatever is set that is not one of ours
+    # (noted before we set it, never forgotten), so a handler that lowered or
+    # restored the interval in the middle of this call cannot make us lose it.
     while True:
         seen = _generation[0]
         current = sys.getswitchinterval()
-        if _saved and _ours and all(abs(current - v) > 1e-6 for v in list(_ours)):
-            # none of ours (a handler may have interrupted us between noting a value
-            # and setting it, so any value we noted counts as ours): the program set
-            # its own, and that is its interval now
-            _saved[0] = current
-        saved = _saved[:1]
-        base = saved[0] if saved else current
+        ours = any(abs(current - v) <= 1e-6 for v in list(_ours))
+        if not ours:
+            _program[:] = [current]  # the program's own (set before us, or meanwhile)
+        base = _program[0] if _program else current
         target = min((max(d / 2, _FLOOR) for d in list(_wanted.values())), default=base)
         if target < base:
-            if not _saved:
-                _saved.append(base)
             if target not in _ours:
                 _ours.append(target)
-                del _ours[:-16]  # a few distinct delays at most; keep it bounded
+                del _ours[:-16]  # a few distinct delays at most
             sys.setswitchinterval(target)
-        elif saved:
-            sys.setswitchinterval(saved[0])
-            _saved.clear()
-            _ours.clear()
+        elif ours:
+            sys.setswitchinterval(base)
         if _generation[0] == seen:
             return
 

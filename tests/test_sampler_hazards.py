@@ -82,12 +82,6 @@ def test_a_forked_child_samples_the_thread_that_forked(what):
 
 # -- 2. controller messages from a signal handler -----------------------------------------
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no setitimer")
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN BUG, found at the end of the session: with the native engine the child "
-    "segfaulted in about 1 run of 3 on 3.12 (the crash is in a thread faulthandler "
-    "cannot report, so most likely the C collector); with the Python engine the "
-    "switch interval was sometimes not restored after the merge of two fixes to "
-    "switchinterval. Not retried away: see the issue notes."))
 def test_controller_messages_from_signal_handlers_never_deadlock():
     # A timer signal lands every millisecond, inside controller messages the main
     # thread is sending and while the collector records; its handler sends messages
