@@ -30,6 +30,8 @@ ENV_VAR = "STACKSHOT_ENGINE"
 try:
     from . import _native  # noqa: F401
 
+    if not hasattr(_native, "Engine"):  # the C sources' folder, imported as a namespace
+        raise ImportError("only the folder of its C sources is there")
     NATIVE_UNAVAILABLE: Optional[str] = None
 except ImportError as exc:  # not built here: say why when it matters
     _native = None  # type: ignore[assignment]

@@ -20,10 +20,7 @@ from collections import deque
 from types import FrameType
 from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
 
-try:
-    from . import _native
-except ImportError:  # the native engine is not built: marks live on frames only
-    _native = None  # type: ignore[assignment]
+from .engines import _native  # None where the native engine is not built: marks live on frames only
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -18,11 +18,9 @@ ENGINE_MODULE_PREFIXES = ("test_sampler_", "test_engine", "test_native", "test_t
 
 
 def _native_built() -> bool:
-    try:
-        import sampler._native  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from sampler import engines
+
+    return engines.native_available()
 
 
 def pytest_configure(config):
