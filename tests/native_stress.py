@@ -81,29 +81,40 @@ def deep_oscillation() -> str:
             return sum(range(200))
         return down(n - 1) + 1
 
-    def worker() -> None:
-        for depth in _wave():
-            down(depth)
-        done.append(True)
+    stop = threading.Event()
 
-    def _wave():
+    def worker() -> None:
         depth, step = 1000, 700
-        for _ in _until():
-            yield depth
+        while not stop.is_set():
+            down(depth)
             depth += step
             if not 1000 <= depth <= 6000:
                 step = -step
                 depth += 2 * step
+        done.append(True)
+
+    def deepest_seen(snaps: sampler.Snapshots) -> int:
+        return max((len(snaps.stack(s)) for s in set(snaps.sample_stack)), default=0)
 
     threading.stack_size(256 * 1024 * 1024)
     t = threading.Thread(target=worker)
     t.start()
     threading.stack_size(0)
     ctl = sampler.create_sampler(t, DELAY)
+    # At least SECONDS of oscillation, and on until a sample deeper than 1,000 frames
+    # was taken: how soon one is depends on when the collector gets to run (the Python
+    # engine only where the worker yields the GIL), so a loaded machine takes longer.
+    for _ in _until():
+        time.sleep(0.05)
+    for _ in _until(120.0):
+        if deepest_seen(ctl.get_snapshots()) > 1000:
+            break
+        time.sleep(0.05)
+    stop.set()
     t.join()
     ctl.stop()
     snaps = ctl.get_snapshots()
-    deepest = max((len(snaps.stack(s)) for s in set(snaps.sample_stack)), default=0)
+    deepest = deepest_seen(snaps)
     assert done and deepest > 1000, deepest
     return f"{_check(snaps)} samples, deepest {deepest}"
 

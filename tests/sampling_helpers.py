@@ -26,6 +26,29 @@ def spin_until_sampled(ctl, samples: int = 5, timeout: float = 20.0) -> None:
         spin(0.005)
 
 
+
+def spin_sampled(seconds: float, samples: int = 3, timeout: float = 30.0) -> int:
+    """Burn ``seconds`` of CPU, then on until every running, unpaused sampler of
+    this process took ``samples`` more samples: for code that a front end profiles (where
+    the test holds no controller) and whose profile the test reads.  On a loaded
+    machine the whole process can go unscheduled for longer than a fixed spin (seen in
+    CI: one tick in 50 ms of the thread's CPU), so no fixed amount of work promises a
+    sample."""
+    from sampler.controller import _live
+
+    def running() -> list:
+        return [s for s in list(_live) if not s._collector.stopped and not s._collector.paused]
+
+    from run_helpers import spin as spin_cpu
+
+    before = {s: len(s.get_snapshots()) for s in running()}
+    n = spin_cpu(seconds)
+    end = time.perf_counter() + timeout
+    while any(len(s.get_snapshots()) < before.get(s, 0) + samples for s in running()):
+        assert time.perf_counter() < end, f"fewer than {samples} samples after {timeout} s"
+        n += spin(0.005)
+    return n
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
     """Poll ``predicate``; fail the test (never hang) after ``timeout`` seconds."""
     end = time.monotonic() + timeout

@@ -14,6 +14,45 @@ def handle(request_id, seconds):
         spin(seconds)
 
 
+
+def test_a_sample_never_splits_a_mark_from_its_frame():
+    # Marks entered and left thousands of times a second on two threads running on
+    # their own cores while the collector reads them: the native engine reads frames and
+    # mark stacks without stopping the thread, and once paired a walk with marks copied
+    # after the mark had been left (spin on the stack, no mark).
+    def tiny():
+        return sum(range(300))
+
+    def handle_fast(request_id):
+        with mark("request", request_id):
+            tiny()
+
+    stop = threading.Event()
+
+    def serve(prefix):
+        n = 0
+        while not stop.is_set():
+            handle_fast(f"{prefix}{n % 2}")
+            n += 1
+
+    threads = [threading.Thread(target=serve, args=(p,)) for p in "ab"]
+    ctl = create_sampler(threads, 0.0002, ["request"])
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(ctl.get_snapshots()) >= 3000, timeout=60)
+    stop.set()
+    for t in threads:
+        t.join()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    split = []
+    for i in range(len(snaps)):
+        names = [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]
+        marks = snaps.marks_of(i)
+        if (marks and "handle_fast" not in names) or (not marks and "tiny" in names):
+            split.append((names[-3:], marks))
+    assert split == [], f"{len(split)} of {len(snaps)} samples: {split[:3]}"
+
 def test_each_sample_carries_the_marks_of_its_own_stack():
     stop = threading.Event()
 

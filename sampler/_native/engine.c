@@ -414,10 +414,22 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
         append_record(e, &rec, NULL, NULL);
         return;
     }
+    /* With marks, a walk counts only if the thread's mark stack did not change while
+     * it ran (same even counter before the walk and after the copy of the marks):
+     * else a sample could hold a marked frame without its mark, or the reverse. */
+    ss_markstack *marks = e->want_marks ? ss_markstack_find(t->tstate) : NULL;
     int depth = -2;
+    int nmarks = 0;
     uint64_t base = 0;
     uint32_t flags = 0;
-    for (int attempt = 0; attempt < 3 && depth == -2; attempt++) depth = walk(e, t, &base, &flags);
+    for (int attempt = 0; attempt < 3 && depth == -2; attempt++) {
+        uint32_t seq = ss_markstack_seq(marks);
+        depth = walk(e, t, &base, &flags);
+        if (depth >= 0 && marks != NULL) {
+            nmarks = ss_markstack_copy(marks, seq, e->marks_copy);
+            if (nmarks < 0) depth = -2;
+        }
+    }
     e->walks++;
     if (depth == -2) {
         e->torn++;
@@ -431,13 +443,12 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
-    if (e->want_marks) {
+    if (nmarks > 0) {
         /* The marks of this thread whose frames are on the stack just read, innermost
          * first (a suspended generator's marks stay on the stack but not its frame). */
-        ss_mark *copied = e->marks_copy;
-        uint32_t n = ss_markstack_copy(t->tstate, copied);
+        const ss_mark *copied = e->marks_copy;
         uint32_t kept = 0;
-        for (uint32_t i = n; i-- > 0;) {
+        for (uint32_t i = (uint32_t)nmarks; i-- > 0;) {
             for (int d = 0; d < depth; d++) {
                 if (e->addrs[d] == copied[i].frame) {
                     e->marks_out[kept++] = copied[i].entry;
@@ -503,6 +514,12 @@ static void *collector_main(void *arg) {
             pthread_mutex_lock(&e->lock);
         }
     }
+    /* Deadlines that passed while the thread waited to be scheduled, unseen because
+     * the stop came first, are missed ticks too: the achieved rate must say so. */
+    int64_t delay = e->delay_ns;
+    int64_t end = mono_ns();
+    if (!e->paused && deadline != 0 && delay > 0 && end - deadline >= delay)
+        e->missed_ticks += (uint64_t)((end - deadline) / delay);
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) e->final_cpu = ts.tv_sec + ts.tv_nsec * 1e-9;
     e->thread_running = 0;

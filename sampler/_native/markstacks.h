@@ -33,11 +33,18 @@ typedef struct ss_markstack {
 static ss_markstack *ss_markstacks = NULL;  /* append-only, read without a lock */
 static pthread_mutex_t ss_markstacks_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* The calling thread's stack (it holds the GIL), created on first use. */
-static ss_markstack *ss_markstack_of(uintptr_t tstate) {
+/* The stack of the thread with this thread state, NULL when it never marked. */
+static ss_markstack *ss_markstack_find(uintptr_t tstate) {
     for (ss_markstack *s = __atomic_load_n(&ss_markstacks, __ATOMIC_ACQUIRE); s; s = s->next)
         if (s->tstate == tstate) return s;
-    ss_markstack *s = calloc(1, sizeof *s);
+    return NULL;
+}
+
+/* The calling thread's stack (it holds the GIL), created on first use. */
+static ss_markstack *ss_markstack_of(uintptr_t tstate) {
+    ss_markstack *s = ss_markstack_find(tstate);
+    if (s != NULL) return s;
+    s = calloc(1, sizeof *s);
     if (s == NULL) return NULL;
     s->tstate = tstate;
     pthread_mutex_lock(&ss_markstacks_lock);
@@ -89,26 +96,27 @@ static int ss_mark_remove(ss_markstack *s, uint32_t entry) {
     return -1;
 }
 
-/* Copy the stack of the thread with this thread state (collector side, no GIL).
- * Returns the number of entries copied, 0 when it has none or kept changing. */
-static uint32_t ss_markstack_copy(uintptr_t tstate, ss_mark *out) {
-    ss_markstack *s;
-    for (s = __atomic_load_n(&ss_markstacks, __ATOMIC_ACQUIRE); s; s = s->next)
-        if (s->tstate == tstate) break;
+/* Its sequence counter (collector side): the same even value before and after a read
+ * of the thread's frames means no mark was entered or left meanwhile. */
+static inline uint32_t ss_markstack_seq(const ss_markstack *s) {
+    return s ? __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) : 0;
+}
+
+/* Copy the stack (collector side, no GIL) if its counter still reads `expected`.
+ * Returns the number of entries copied, or -1 when the owner wrote since (or writes
+ * now): the frames read under `expected` and these marks would not belong together. */
+static int ss_markstack_copy(const ss_markstack *s, uint32_t expected, ss_mark *out) {
     if (s == NULL) return 0;
-    for (int attempt = 0; attempt < 4; attempt++) {
-        uint32_t before = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        if (before & 1) continue;
-        uint32_t n = __atomic_load_n(&s->depth, __ATOMIC_RELAXED);
-        if (n > SS_MAX_MARKS) n = SS_MAX_MARKS;
-        for (uint32_t i = 0; i < n; i++) {
-            out[i].frame = __atomic_load_n(&s->marks[i].frame, __ATOMIC_RELAXED);
-            out[i].entry = __atomic_load_n(&s->marks[i].entry, __ATOMIC_RELAXED);
-        }
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == before) return n;
+    if (expected & 1) return -1;
+    uint32_t n = __atomic_load_n(&s->depth, __ATOMIC_RELAXED);
+    if (n > SS_MAX_MARKS) n = SS_MAX_MARKS;
+    for (uint32_t i = 0; i < n; i++) {
+        out[i].frame = __atomic_load_n(&s->marks[i].frame, __ATOMIC_RELAXED);
+        out[i].entry = __atomic_load_n(&s->marks[i].entry, __ATOMIC_RELAXED);
     }
-    return 0;
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) != expected) return -1;
+    return (int)n;
 }
 
 #endif
