@@ -163,7 +163,7 @@ class _Slot:
     """One OS thread the C thread reads, and what its samples are filed under."""
 
     __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks", "last_wall_us",
-                 "last_cpu_us")
+                 "last_cpu_us", "last_raw", "last_asleep", "ran")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -174,6 +174,9 @@ class _Slot:
         self.last_marks = 0
         self.last_wall_us = 0
         self.last_cpu_us = 0
+        self.last_raw: Optional[bytes] = None  # the last walk, and whether the thread slept in it
+        self.last_asleep = False
+        self.ran: Optional[tuple[int, int, int]] = None  # (stack, base, marks) last seen running
 
 
 class NativeCollector(Steering):
@@ -460,16 +463,22 @@ class NativeCollector(Steering):
             if raw is None:  # the thread did not run since its last sample
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
-            if flags & ASLEEP and slot.last_stack and cpu_us > slot.last_cpu_us:
-                # It ran since its last sample, then went to sleep: that CPU went on
-                # from where it was last seen, not into the call it sleeps in. File
-                # the run first, as a sample there when the CPU ran out (at the
-                # latest, now), then the sleep with no CPU of its own.
+            # The thread used CPU since its last sample but is found where it waits:
+            # asleep now, or back in the very place it slept in at the last sample
+            # (woken, but not yet given a core on a busy machine: the kernel says
+            # runnable). That CPU went on from where it was last seen running, not
+            # into the call it waits in: file the run first, as a sample there when
+            # the CPU ran out (at the latest, now), then the wait with no CPU of its own.
+            waiting = bool(flags & ASLEEP) or (slot.last_asleep and raw == slot.last_raw)
+            if waiting and slot.ran is not None and cpu_us > slot.last_cpu_us:
                 ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
-                self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, ran_until, cpu_us)
+                self._file_sample(slot, *slot.ran, ran_until, cpu_us)
             sid = self._stack_id(raw, flags)
             mid = self._mark_set(marks) if marks else 0
             self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
+            slot.last_raw, slot.last_asleep = raw, bool(flags & ASLEEP)
+            if not waiting:
+                slot.ran = (sid, base, mid)
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and

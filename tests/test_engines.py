@@ -105,6 +105,69 @@ def test_work_that_alternates_with_sleep_is_charged_to_the_work():
     assert share > 0.85, f"_crunch got {share:.1%} of the CPU, the truth is {truth / total:.1%}"
 
 
+
+
+def _nap() -> None:
+    time.sleep(0.004)
+
+
+@pytest.mark.engines("native")
+def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
+    """On a busy machine a thread woken from a sleep can wait milliseconds for a core,
+    and the kernel calls it runnable meanwhile: a sample then finds it, not asleep,
+    still in the sleep call it last slept in, with the CPU of the work done since to
+    charge (bursts of 3 ms of work and 8 ms of sleep at a 5 ms delay, load 7 on two
+    cores: the work got 58-61% where it had ~100%). The sequence is replayed into the
+    engine's filing, from records it made: a sample running in _crunch, one asleep in
+    _nap, then one runnable in the same place in _nap with more CPU used."""
+    ctl = sampler.create_sampler(threading.current_thread(), 0.001)
+    collector = ctl._collector
+    drains: list = []
+    file = collector._file
+    collector._file = lambda samples, codes: (drains.append((samples, codes)), file(samples, codes))
+    end = time.perf_counter() + 60
+    running = asleep = None
+    while (running is None or asleep is None) and time.perf_counter() < end:
+        _crunch(0.003)
+        _nap()
+        ctl.get_snapshots()  # files what the engine took so far
+        snaps = ctl.get_snapshots()
+        for samples, _ in drains:
+            for record in samples:
+                raw = record[5]
+                sid = collector._keys.get(raw) if raw is not None else None
+                if sid is None:
+                    continue
+                top = snaps.stack_frames(sid)[0].name
+                if top == "_crunch" and not record[1] & sampler.native_engine.ASLEEP:
+                    running = record
+                elif top == "_nap" and record[1] & sampler.native_engine.ASLEEP:
+                    asleep = record
+    assert running is not None and asleep is not None, "no sample in _crunch and asleep in _nap"
+    ctl.pause()
+    codes = [code for _, got in drains for code in got]
+    number, _, wall, cpu = running[:4]
+    ms = 1_000_000
+    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    replay = [
+        (number, running[1], wall, cpu) + running[4:],
+        (number, asleep[1], wall + 5 * ms, cpu + 3 * ms) + asleep[4:],  # 3 ms of work, then slept
+        (number, 0, wall + 10 * ms, cpu + 6 * ms) + asleep[4:],  # 3 ms more, runnable in the sleep
+    ]
+    with collector.recorder.lock:
+        file(replay, codes)
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    # the CPU each sample is charged with (deltas, in us), from the replay's first on
+    filed = [(snaps.stack_frames(snaps.sample_stack[i])[0].name if snaps.sample_stack[i] else None,
+              snaps.sample_cpu[i]) for i in range(len(snaps))]
+    first = max(i for i, (_, delta) in enumerate(filed) if delta >= 900_000)
+    charged: dict = {}
+    for name, delta in filed[first + 1:]:
+        if name in ("_crunch", "_nap"):  # not the sample the stop itself takes
+            charged[name] = charged.get(name, 0) + delta
+    assert charged == {"_crunch": 6000, "_nap": 0}, filed[first:]
+
 @pytest.mark.engines("native")
 def test_a_thread_holding_the_gil_is_seen_where_it_is():
     """A thread in pure-Python work never releases the GIL for the collector; another
