@@ -268,3 +268,36 @@ def test_a_bytes_profile_round_trips_and_does_not_mix_with_time(run):
 
     with pytest.raises(ValueError, match="mix allocation samples"):
         analyzer.analyze_samples(merge(snapshots, build([("main", 0.0, 0.0, ["f"]), ("main", 0.1, 0.1, ["f"])])))
+
+
+def test_the_analyzer_command_reads_bytes_and_never_sums_them_with_time(run, tmp_path):
+    from snapshot_builders import snapshots as build
+
+    where, outputs = run
+    timed = tmp_path / "time.stackshot"
+    build([("main", 0.0, 0.0, ["f"]), ("main", 0.1, 0.1, ["f"])]).save(str(timed))
+    env = repo_env()
+    proc = subprocess.run([sys.executable, "-m", "analyzer", str(outputs[".stackshot"]),
+                           "--weight", "wall", "--flat"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.match(r"Flat profile: [\d.]+ [KM]B still live \(estimated\)", proc.stdout)
+    assert proc.stdout.splitlines()[4].split()[0].startswith("hold")  # (3.10, 3.11: its listcomp)
+    proc = subprocess.run([sys.executable, "-m", "analyzer", str(outputs[".stackshot"]), str(timed)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a profile of 'time'" in lines[0] and "'allocations'" in lines[0]
+
+
+def test_the_notebook_views_say_bytes(run):
+    from analyzer.exports.notebook import profile_html, snapshots_html
+
+    _, outputs = run
+    snapshots = Snapshots.load(outputs[".stackshot"])
+    profile = analyzer.analyze_samples(snapshots)
+    assert "bytes allocated" in profile_html(profile) and " MB" in profile_html(profile)
+    bare = json_to_profile(profile_to_json(profile))  # no snapshots: the call graph's own view
+    page = profile_html(bare)
+    assert "bytes allocated observed" in page and " MB" in page and " ms" not in page
+    assert "heaviest functions by self bytes" in snapshots_html(snapshots)
