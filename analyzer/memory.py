@@ -67,7 +67,8 @@ def sampling_rates(runs: Sequence[Any]) -> list[float]:
     """The sampling rates of the memprof runs (probability that a word is sampled)."""
     out = []
     for r in runs:
-        info = getattr(r, "extra", {}).get("memprof") if isinstance(getattr(r, "extra", None), dict) else None
+        extra = getattr(r, "extra", None)
+        info = extra.get("memprof") if isinstance(extra, dict) else None
         if isinstance(info, dict) and isinstance(info.get("sampling_rate"), (int, float)):
             out.append(float(info["sampling_rate"]))
     return sorted(set(out))
