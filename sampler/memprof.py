@@ -278,7 +278,7 @@ class AllocationLog:
 
     def __init__(self) -> None:
         self.blocks: list[list] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a callback may run where the lock is held
         self.tracker: Tracker[list, list] = Tracker(self._alloc, self._alloc, _same, self._free, self._free)
 
     def _alloc(self, a: Allocation) -> list:

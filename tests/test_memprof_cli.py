@@ -301,3 +301,26 @@ def test_the_notebook_views_say_bytes(run):
     page = profile_html(bare)
     assert "bytes allocated observed" in page and " MB" in page and " ms" not in page
     assert "heaviest functions by self bytes" in snapshots_html(snapshots)
+
+
+def test_a_periodic_renderer_reads_the_allocations_while_they_are_sampled():
+    """The renderer's thread builds snapshots from the log while the block allocates,
+    and its own allocations are sampled too: their callbacks, run where the log is
+    being read, must not deadlock on it."""
+    code = textwrap.dedent("""
+        import json
+        from stackshot import profile
+
+        seen, keep = [], []
+        with profile(memory=1e-2, render=None,
+                     periodic_renderer=(0.01, lambda prof: seen.append(prof.unit))) as p:
+            while len(seen) < 3:
+                keep.append(bytes(1000))
+                if len(keep) > 100_000:
+                    keep.clear()
+        print(json.dumps({"seen": sorted(set(seen)), "unit": p.profile.unit}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=repo_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"seen": ["B"], "unit": "B"}
