@@ -266,8 +266,9 @@ def test_a_bytes_profile_round_trips_and_does_not_mix_with_time(run):
     from snapshot_builders import snapshots as build
     from sampler.snapshot import merge
 
+    timed_snapshots = build([("main", 0.0, 0.0, ["f"]), ("main", 0.1, 0.1, ["f"])])
     with pytest.raises(ValueError, match="mix allocation samples"):
-        analyzer.analyze_samples(merge(snapshots, build([("main", 0.0, 0.0, ["f"]), ("main", 0.1, 0.1, ["f"])])))
+        analyzer.analyze_samples(merge(snapshots, timed_snapshots))
 
 
 def test_the_analyzer_command_reads_bytes_and_never_sums_them_with_time(run, tmp_path):
