@@ -326,3 +326,33 @@ def test_a_periodic_renderer_reads_the_allocations_while_they_are_sampled():
                           env=repo_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"seen": ["B"], "unit": "B"}
+
+
+def test_the_flame_graph_page_shows_bytes_in_a_browser(run, tmp_path):
+    from export_browser import Browser, find_chromium
+    from export_consumers import need_program
+    from test_export_html import box_named, open_page
+
+    _, outputs = run
+    exe = find_chromium() or need_program("chromium", "chromium")
+    with Browser(exe, profile_dir=str(tmp_path / "chromium-profile")) as browser:
+        open_page(browser, outputs[".html"])
+        assert browser.problems() == []
+        target = box_named(browser, "big")
+        browser.mouse("mouseMoved", target["x"] + target["w"] / 2, target["y"] + target["h"] / 2)
+        tip = browser.eval("document.querySelector('.ss-tip').innerText")
+        assert "big" in tip and re.search(r"total\s+[\d.]+ MB", tip), tip
+        assert not re.search(r"\d (ms|s|\u00b5s)\b", tip), tip
+        cells = browser.eval("Array.from(document.querySelectorAll('.ss-table td.ss-num'))"
+                             ".map(function (td) { return td.textContent; })")
+        assert cells and any(re.search(r"\d MB", c) for c in cells)
+        assert not any(re.search(r"\d (ms|s)\b", c) for c in cells)
+        # the live view: big's blocks were all freed, so it has no box left
+        browser.eval("(function(){var m=document.querySelector('.ss-metric');m.value='wall';"
+                     "m.dispatchEvent(new Event('change'));})()")
+        labels = {b["label"] for b in browser.eval(
+            "Array.from(document.querySelectorAll('svg.ss-flame g.ss-box'))"
+            ".map(function (g) { return {label: g.getAttribute('data-fn')}; })")}
+        assert not any(label.startswith("big") for label in labels)
+        assert any(label.startswith("hold") or label == "<listcomp>" for label in labels)
+        assert browser.problems() == []
