@@ -95,7 +95,6 @@ def _bytes_per_sample(runs: Any) -> int:
     return round(word / rates[0]) if rates and rates[0] > 0 else 0
 
 
-
 def _mapping(s: _Strings, snapshots: Snapshots) -> bytes:
     """The one mapping every location points at: "the Python program".
 
@@ -177,7 +176,7 @@ def to_pprof_proto(snapshots: Snapshots, *, clock: str = "cpu") -> bytes:
                s(f"{len(snapshots)} samples, {len(snapshots.threads)} threads, {len(runs)} run(s)")]
     period_ns = round(runs[0].requested_delay * 1e9) if runs else 0
     period_type = ("cpu", "nanoseconds")
-    if memory:  # the mean bytes between two samples: a word each 1 / rate words
+    if memory:  # the mean bytes between two sampled words: WORD_SIZE / rate
         period_type, period_ns = ("space", "bytes"), _bytes_per_sample(runs)
     start_ns = round(min(r.start_epoch for r in runs) * 1e9) if runs else 0
     duration_ns = round(sum(r.duration for r in runs) * 1e9) if runs else 0
