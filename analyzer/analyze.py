@@ -12,6 +12,7 @@ import gc
 from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Iterable, Iterator, Optional, Sequence, Union
 
+from . import memory
 from .fromsnapshots import aggregate, node_rows
 from .graph import NodeInfo, StackRow, build_graph
 from .markfilter import MISSING, MarkFilter, key_position, mark_set_filter, value_of
@@ -219,9 +220,13 @@ def _snapshot_profile(snap: Any, group: Any, weight: str, granularity: str,
         thread_times = dict(sorted(group.thread_times.items()))
         sample_number = group.sample_number
     names = {t.id: t.name for t in snap.threads if t.id in thread_times}
+    unit, cpu_time = "s", snap.cpu_time
+    if memory.is_memory(snap.runs):  # allocation samples: a microsecond slot holds a byte
+        memory.check_interval(interval)
+        unit, scale, cpu_time = memory.BYTES, 1.0, cpu_time * memory.BYTES_PER_SECOND_SLOT
     profile = _profile(rows, infos, scale=scale, thread_times=thread_times,
-                       sample_number=sample_number, cpu_time=snap.cpu_time, thread_names=names,
-                       weight=weight, granularity=granularity, interval=interval, unit="s")
+                       sample_number=sample_number, cpu_time=cpu_time, thread_names=names,
+                       weight=weight, granularity=granularity, interval=interval, unit=unit)
     profile.runs = tuple(snap.runs)
     return profile
 

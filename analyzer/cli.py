@@ -201,7 +201,8 @@ def add_output_arguments(parser: argparse.ArgumentParser, *, selection: bool = T
                         "0 for all (default: 50)")
     g.add_argument("--weight", choices=WEIGHTS, default="cpu",
                    help="charge each sample its thread's cpu time (Racket's choice: waiting is "
-                        "free) or wall time (default: cpu)")
+                        "free) or wall time (default: cpu); for allocation profiles (--memory), "
+                        "bytes allocated or bytes still live at the end")
     g.add_argument("--granularity", choices=GRANULARITIES, default="function",
                    help="one entry per function, or per line executed (default: function)")
     if selection:
@@ -483,15 +484,24 @@ def _python(run: Any) -> Optional[str]:
     return f"{parts[0]} {'.'.join(parts[1].split('.')[:2])}"
 
 
+def _measure(run: Any) -> str:
+    """What a run's samples weigh: ``'allocations'`` (``--memory``) or ``'time'``;
+    the two are never summed."""
+    from .memory import is_memory_run
+
+    return "allocations" if is_memory_run(run) else "time"
+
+
 def _mismatch(snapshots: Any, ref: dict[str, tuple[str, str]]) -> Optional[str]:
     """Why this file's runs cannot be summed with the ones accepted (None if they can)."""
     for run in snapshots.runs:
-        for what, value in (("program", _program(run)), ("python", _python(run))):
+        for what, value in (("program", _program(run)), ("python", _python(run)),
+                            ("measure", _measure(run))):
             if value is None:
                 continue
             known = ref.get(what)
             if known is not None and known[0] != value:
-                noun = "a run of" if what == "program" else "ran on"
+                noun = {"program": "a run of", "python": "ran on"}.get(what, "a profile of")
                 return f"{noun} {value!r}, but {known[1]} is {noun} {known[0]!r}"
     return None
 
@@ -525,7 +535,8 @@ def load_and_sum(paths: Sequence[str], *, tolerant: bool = False,
             why = _mismatch(snap, ref)
             if why is None:
                 for run in snap.runs:
-                    for what, value in (("program", _program(run)), ("python", _python(run))):
+                    for what, value in (("program", _program(run)), ("python", _python(run)),
+                                        ("measure", _measure(run))):
                         if value is not None:
                             ref.setdefault(what, (value, path))
                 accepted.append(snap)

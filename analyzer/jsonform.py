@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any, Optional, Union
 
-from .model import UNITS, Edge, Node, Profile
+from .model import BYTE_UNITS, UNITS, Edge, Node, Profile
 from .analyze import GRANULARITIES
 from .weights import CLOCKS, INTERVALS
 
@@ -149,7 +149,7 @@ def _read(j: Any) -> Profile:
             raise ProfileFormatError(f"node {_short(n.name)} lists a caller twice")
 
     unit = extra.get("unit", "ms")  # Racket's profiles are in milliseconds
-    if unit not in UNITS:
+    if unit not in UNITS and unit not in BYTE_UNITS:
         raise ProfileFormatError(f"unknown unit {_short(unit)}")
     thread_times = {}
     for k, t in enumerate(_list(j, "thread_times")):

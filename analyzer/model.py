@@ -16,6 +16,10 @@ from typing import Any, Hashable, Iterator, Optional
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 """Time units a profile can carry, with their size in seconds."""
 
+BYTE_UNITS = ("B",)
+"""Units of a profile that counts bytes (an allocation profile, from ``sampler.memprof``)
+rather than time: ``weight='cpu'`` is then bytes allocated, ``'wall'`` bytes still live."""
+
 
 class Node:
     """One function (or one line, at line granularity) of the call graph.
@@ -124,7 +128,8 @@ class Profile:
 
     Beyond Racket: ``thread_names`` (thread id → name), ``weight`` (``'cpu'`` or
     ``'wall'``: which clock the times are), ``granularity`` (``'function'`` or
-    ``'line'``), ``interval`` (how sample weights were derived) and ``unit``.
+    ``'line'``), ``interval`` (how sample weights were derived) and ``unit`` (a time
+    unit of :data:`UNITS`, or ``'B'``: bytes, see :attr:`quantity`).
     """
 
     __slots__ = ("total_time", "cpu_time", "sample_number", "thread_times", "nodes", "root",
@@ -162,6 +167,12 @@ class Profile:
         # The sampler runs behind the profile (sampler.snapshot.RunInfo), when it was
         # analysed from snapshots: the report's header says how they sampled.
         self.runs: tuple = ()
+
+    @property
+    def quantity(self) -> str:
+        """What the numbers measure: ``'bytes'`` (unit ``'B'``, an allocation profile) or
+        ``'time'``."""
+        return "bytes" if self.unit in BYTE_UNITS else "time"
 
     def _repr_html_(self) -> str:
         from .exports.notebook import profile_html

@@ -278,7 +278,7 @@ class AllocationLog:
 
     def __init__(self) -> None:
         self.blocks: list[list] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a callback may run where the lock is held
         self.tracker: Tracker[list, list] = Tracker(self._alloc, self._alloc, _same, self._free, self._free)
 
     def _alloc(self, a: Allocation) -> list:
@@ -300,15 +300,24 @@ def to_snapshots(profile: Profile, log: AllocationLog, *, live: bool = False) ->
     """The samples of ``log`` (the tracker of ``profile``) as a :class:`Snapshots`
     value the analyzer reads, weighed by estimated bytes instead of time.
 
-    Each sampled block is one sample, with its callstack, on its allocating thread;
-    its wall and CPU deltas are both its estimated bytes,
-    ``round(n_samples * WORD_SIZE / sampling_rate)``, in the slot that holds
-    microseconds (so the analyzer's seconds read as megabytes: 1 s = 10**6 bytes).
-    The analyzer charges a sample its own delta (its default ``interval='end'``; not
-    ``'midpoint'``), and gives a thread's first sample nothing: so each thread starts
-    with one sample of the empty stack and deltas 0. ``live=True`` keeps only the
-    blocks not freed yet (call it before :func:`discard`, after a safe point, such as
-    ``gc.collect()``, so that the last deallocations have been reported).
+    Each sampled block is one sample, with its callstack, on its allocating thread,
+    weighing its estimated bytes, ``round(n_samples * WORD_SIZE / sampling_rate)``,
+    in the slot that holds microseconds (1 us = 1 byte). The two delta columns are
+    two views: the CPU column holds every block's bytes (**allocated**), the wall
+    column the bytes of the blocks not freed yet (**still live**, 0 for a freed
+    block), so the analyzer's ``weight='cpu'`` profiles bytes allocated and
+    ``weight='wall'`` bytes still live; it reads the profile in bytes (``unit='B'``)
+    because the run's ``RunInfo.engine`` is ``"memprof"``. ``live=True`` keeps only
+    the blocks not freed yet, in both columns. Call it after a safe point, such as
+    ``gc.collect()``, so that the last deallocations have been reported, and before
+    :func:`discard`.
+
+    The analyzer charges a sample its own delta (its rule for snapshots,
+    ``interval='end'``, the only one it accepts for allocation samples) and gives a
+    thread's first sample nothing: so each thread starts with one sample of the
+    empty stack and deltas 0. The run's ``process_cpu`` (the analyzer's "out of")
+    is the profile's whole estimate, :meth:`Profile.estimated_bytes`, in the same
+    unit (10**6 bytes a second).
     """
     from .snapshot import OVERFLOW, RunInfo, StackTrie, ThreadInfo
 
@@ -317,10 +326,10 @@ def to_snapshots(profile: Profile, log: AllocationLog, *, live: bool = False) ->
     trie = StackTrie()
     thread_ids: dict[str, int] = {}
     threads: list[ThreadInfo] = []
-    cols: dict[str, list[int]] = {"thread": [], "stack": [], "delta": []}
-    overflow: dict[int, int] = {}
+    cols: dict[str, list[int]] = {"thread": [], "stack": [], "allocated": [], "live": []}
+    overflow: dict[str, dict[int, int]] = {"allocated": {}, "live": {}}
     with log._lock:
-        blocks = list(log.blocks)
+        blocks = [list(b) for b in log.blocks]
     for name, callstack, n_samples, alive in blocks:
         if live and not alive:
             continue
@@ -328,23 +337,58 @@ def to_snapshots(profile: Profile, log: AllocationLog, *, live: bool = False) ->
         if tid is None:
             tid = thread_ids[name] = len(threads)
             threads.append(ThreadInfo(tid, name, None, "thread", 0, 0.0, 0.0))
-            cols["thread"].append(tid)
-            cols["stack"].append(0)
-            cols["delta"].append(0)
+            for col, value in (("thread", tid), ("stack", 0), ("allocated", 0), ("live", 0)):
+                cols[col].append(value)
         weight = round(n_samples * WORD_SIZE / profile.sampling_rate)
-        if weight >= OVERFLOW:
-            overflow[len(cols["delta"])] = weight
-            weight = OVERFLOW
         cols["thread"].append(tid)
         cols["stack"].append(trie.path_id(trie.frame_id(f) for f in reversed(callstack)))
-        cols["delta"].append(weight)
+        for col, value in (("allocated", weight), ("live", weight if alive else 0)):
+            if value >= OVERFLOW:
+                overflow[col][len(cols[col])] = value
+                value = OVERFLOW
+            cols[col].append(value)
+    try:
+        whole = profile.estimated_bytes()
+    except RuntimeError:  # discarded: what the log holds
+        whole = float(sum(cols["allocated"]) + sum(v - OVERFLOW for v in overflow["allocated"].values()))
     run = RunInfo(pid=os.getpid(), python=sys.version.split()[0], engine="memprof",
+                  process_cpu=whole / 1e6,
                   extra={"memprof": {"sampling_rate": profile.sampling_rate, "live": live,
-                                     "weight": "estimated bytes (1 us = 1 byte)"}})
+                                     "weight": "estimated bytes (1 us = 1 byte)",
+                                     "cpu": "live" if live else "allocated", "wall": "live"}})
     return Snapshots(frames=trie.frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
                      threads=threads, sample_thread=cols["thread"], sample_stack=cols["stack"],
-                     sample_wall=cols["delta"], sample_cpu=cols["delta"], wall_overflow=overflow,
-                     cpu_overflow=overflow, runs=[run])
+                     sample_wall=cols["live"], sample_cpu=cols["allocated"],
+                     wall_overflow=overflow["live"], cpu_overflow=overflow["allocated"], runs=[run])
+
+
+class Recorder:
+    """A memprof profile with a sampler's controls, for the front ends
+    (``stackshot --memory RATE``, ``profile(memory=RATE)``): it starts sampling every
+    thread's allocations when created, into an :class:`AllocationLog`;
+    :meth:`stop` stops, lets the last deallocations be reported, and releases the
+    engine; :meth:`get_snapshots` gives :func:`to_snapshots` (both views: allocated
+    and still live at the stop).
+    """
+
+    def __init__(self, sampling_rate: float, callstack_size: int = sys.maxsize) -> None:
+        self.log = AllocationLog()
+        self.profile = start(sampling_rate, callstack_size, self.log.tracker)
+        self._final: Optional[Snapshots] = None
+
+    def stop(self) -> None:
+        """Stop sampling (once; later calls do nothing) and release the profile."""
+        if self._final is not None:
+            return
+        if self.profile.state == "sampling":
+            stop()
+        gc.collect()  # a safe point: deallocation callbacks waiting now run
+        self._final = to_snapshots(self.profile, self.log)
+        discard(self.profile)
+
+    def get_snapshots(self) -> Snapshots:
+        """The allocations sampled so far (all of them after :meth:`stop`)."""
+        return self._final if self._final is not None else to_snapshots(self.profile, self.log)
 
 
 def _at_exit() -> None:

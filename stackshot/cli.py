@@ -172,14 +172,19 @@ def _compile(source: bytes, filename: str) -> types.CodeType:
         raise UsageError(f"cannot compile {filename}: {e}", EXIT_ERROR) from None
 
 
-def _run_program(program: Program) -> None:
-    """Run the program once in a fresh ``__main__`` (the frame the profile starts after)."""
+def _run_program(program: Program, keep: Optional[list] = None) -> None:
+    """Run the program once in a fresh ``__main__`` (the frame the profile starts after).
+
+    ``keep``, if given, receives the program's global namespace, so that what the
+    program still holds when it ends stays alive until the caller drops the list
+    (``--memory``'s view of the bytes still live at the end)."""
     sys.argv[:] = program.argv
+    keep = [] if keep is None else keep
     if program.kind == "module":
-        runpy.run_module(program.target, run_name="__main__", alter_sys=True)
+        keep.append(runpy.run_module(program.target, run_name="__main__", alter_sys=True))
         return
     if program.code is None:  # a directory or zip file with a __main__.py
-        runpy.run_path(program.target, run_name="__main__")
+        keep.append(runpy.run_path(program.target, run_name="__main__"))
         return
     module = types.ModuleType("__main__")
     module.__dict__.update(__builtins__=builtins, __package__=None, __spec__=None)
@@ -189,6 +194,7 @@ def _run_program(program: Program) -> None:
         module.__dict__.update(__file__=filename, __cached__=None, __loader__=loader)
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = module
+    keep.append(module.__dict__)
     try:
         exec(program.code, module.__dict__)
     finally:
@@ -265,6 +271,7 @@ class Outcome:
     status: int = 0
     interrupted: bool = False
     error: Optional[BaseException] = None
+    kept: list = dataclasses.field(default_factory=list)  # the program's globals, see _run_program
 
 
 def _run(program: Program, repeat: int) -> Outcome:
@@ -277,7 +284,7 @@ def _run(program: Program, repeat: int) -> Outcome:
     try:
         for _ in range(repeat):
             try:
-                _run_program(program)
+                _run_program(program, out.kept)
             except SystemExit as e:
                 out.status = _exit_status(e)
                 if out.status:
@@ -366,6 +373,12 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                         help="write the profile to FILE, in the format its name ends with "
                              "(.stackshot keeps the snapshots for `python -m analyzer`); "
                              "repeatable. Nothing is printed then unless --format is given")
+    parser.add_argument("--memory", metavar="RATE", default=None,
+                        help="profile allocations instead of time (sampler.memprof): each "
+                             "allocated word is sampled with probability RATE, 0 < RATE <= 1 "
+                             "(1e-4 costs no visible time, 1e-3 a few percent); every thread is "
+                             "sampled, and the report is in estimated bytes: allocated, or still "
+                             "live at the end with --weight wall")
     parser.add_argument("program", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
                         help=argparse.SUPPRESS)
     add_output_arguments(
@@ -421,6 +434,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         files = [(path, dataclasses.replace(opts, format_given=False).for_file(path))
                  for path in args.output]
         shown = _report_options(opts, args)
+        rate = _memory_rate(args)
         program.prepare()
     except (UsageError, CLIError) as e:
         _fail(str(e))
@@ -433,7 +447,11 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     track = ALL_THREADS if args.all_threads else threading.current_thread()
     engine = {} if args.engine is None else {"engine": args.engine}  # only when asked for
     try:
-        sampler = create_sampler(track, args.delay, use_errortrace=args.use_errortrace, **engine)
+        sampler = _memory_sampler(rate) if rate is not None else \
+            create_sampler(track, args.delay, use_errortrace=args.use_errortrace, **engine)
+    except _MemprofUnavailable as e:
+        _fail(f"--memory: {e}")
+        return EXIT_ERROR
     except NotImplementedError as e:
         _fail(f"--use-errortrace: {_one_line(e)}")
         return EXIT_USAGE
@@ -450,13 +468,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     others = OtherThreads(() if args.all_threads or args.use_errortrace else [track])
     parent = os.getpid()
     try:
-        with children, (others if not args.all_threads and not args.use_errortrace
+        with children, (others if not args.all_threads and not args.use_errortrace and rate is None
                         else contextlib.nullcontext()), (forks or contextlib.nullcontext()):
             outcome = _run(program, args.repeat)
     finally:
         if os.getpid() == parent:
             with _SigintDeferred():
                 sampler.stop()
+    outcome.kept.clear()  # the program's globals lived until the sampler stopped
     if os.getpid() != parent:
         # A process the program forked, leaving the program's code: the profile is the
         # parent's to write; this one has no sampler thread and must not overwrite it
@@ -481,6 +500,41 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
         if outcome.interrupted:
             _fail("interrupted; the profile covers the program until then")
     return outcome.status or status
+
+
+class _MemprofUnavailable(Exception):
+    """``--memory`` was asked for where the memprof engine is not built."""
+
+
+def _memory_rate(args: argparse.Namespace) -> Optional[float]:
+    """``--memory RATE`` as a probability, checked before the program runs; ``None``
+    without ``--memory``.  Options that choose a stack sampler do not combine with it."""
+    if args.memory is None:
+        return None
+    try:
+        rate = float(args.memory)
+    except ValueError:
+        raise UsageError(f"--memory: not a sampling rate: {args.memory!r} (a probability, "
+                         f"such as 1e-4)") from None
+    if not 0.0 < rate <= 1.0:
+        raise UsageError(f"--memory: the sampling rate is a probability per word, "
+                         f"0 < RATE <= 1, not {args.memory}")
+    for flag, on in (("--use-errortrace", args.use_errortrace), ("--engine", args.engine),
+                     ("--subprocesses", args.subprocesses)):
+        if on:
+            raise UsageError(f"--memory samples allocations, not stacks over time: "
+                             f"{flag} does not apply to it")
+    return rate
+
+
+def _memory_sampler(rate: float) -> Any:
+    """A started :class:`sampler.memprof.Recorder` (``stop`` and ``get_snapshots``
+    as a sampler has); :class:`_MemprofUnavailable` where the engine is not built."""
+    from sampler import memprof
+
+    if memprof._memprof is None:
+        raise _MemprofUnavailable(memprof._UNAVAILABLE)
+    return memprof.Recorder(rate)
 
 
 def _report_options(opts: Any, args: argparse.Namespace) -> Optional[Any]:

@@ -118,6 +118,23 @@ def _check_periodic(periodic_renderer: Any) -> Optional[tuple[float, Renderer]]:
     return float(seconds), render
 
 
+def _check_memory(memory: Any) -> Optional[float]:
+    """``memory=``: ``None`` (profile time) or a sampling rate, 0 < rate <= 1, where the
+    memprof engine is built (else a one-line ``RuntimeError`` saying so)."""
+    if memory is None:
+        return None
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Real):
+        raise TypeError(f"memory must be a sampling rate (a number such as 1e-4), "
+                        f"not {type(memory).__name__}")
+    if not 0.0 < memory <= 1.0:
+        raise ValueError(f"memory is a sampling rate per word, 0 < memory <= 1, not {memory!r}")
+    from sampler import memprof
+
+    if memprof._memprof is None:
+        raise RuntimeError(memprof._UNAVAILABLE)
+    return float(memory)
+
+
 def _check_order(order: Any) -> str:
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, not {order!r}")
@@ -449,10 +466,12 @@ class Profiler:
         use_errortrace: bool = False,
         order: str = "topological",
         entries: Iterable[Callable[..., Any]] = (),
+        memory: Optional[float] = None,
     ) -> None:
         from sampler.controller import _check_delay
 
         self.delay = _check_delay(delay)
+        self.memory = _check_memory(memory)
         self.threads = bool(threads)
         _check_renderer("render", render)
         self.render = render
@@ -471,7 +490,7 @@ class Profiler:
     def _options(self) -> dict[str, Any]:
         return dict(delay=self.delay, threads=self.threads, render=self.render,
                     periodic_renderer=self.periodic_renderer, use_errortrace=self.use_errortrace,
-                    order=self.order)
+                    order=self.order, memory=self.memory)
 
     def _trim(self, snapshots: Snapshots) -> Snapshots:
         # a block has no entry of its own: in a notebook its profile starts at the cell
@@ -482,13 +501,18 @@ class Profiler:
             raise RuntimeError("this profile is already running; use a new profile(...) "
                                "for a nested or concurrent block")
         self.snapshots = self.profile = None
-        group = ThreadGroup("stackshot profile") if self.threads else None
+        group = ThreadGroup("stackshot profile") if self.threads and self.memory is None else None
         me = threading.current_thread()
-        self.sampler = create_sampler([group, me] if group is not None else me, self.delay,
-                                      use_errortrace=self.use_errortrace)
+        if self.memory is not None:  # allocations of every thread, not stacks over time
+            from sampler.memprof import Recorder
+
+            self.sampler = Recorder(self.memory)  # type: ignore[assignment]
+        else:
+            self.sampler = create_sampler([group, me] if group is not None else me, self.delay,
+                                          use_errortrace=self.use_errortrace)
         self._pid = os.getpid()
         self._others = None
-        if group is None and not self.use_errortrace:
+        if group is None and not self.use_errortrace and self.memory is None:
             self._others = OtherThreads([me]).__enter__()
         if self.periodic_renderer is not None:
             seconds, render = self.periodic_renderer
@@ -580,6 +604,7 @@ def profile(
     periodic_renderer: Optional[tuple[float, Renderer]] = None,
     use_errortrace: bool = False,
     order: str = "topological",
+    memory: Optional[float] = None,
 ) -> Union[Profiler, Callable[..., Any]]:
     """Profile a block (``with profile() as p:``) or every call of a function.
 
@@ -589,7 +614,7 @@ def profile(
     they mean for :func:`profile_thunk`; ``render=None`` only collects.
     """
     p = Profiler(delay=delay, threads=threads, render=render, periodic_renderer=periodic_renderer,
-                 use_errortrace=use_errortrace, order=order)
+                 use_errortrace=use_errortrace, order=order, memory=memory)
     return p if func is None else p(func)
 
 
@@ -603,6 +628,7 @@ def profile_thunk(
     periodic_renderer: Optional[tuple[float, Renderer]] = None,
     use_errortrace: bool = False,
     order: str = "topological",
+    memory: Optional[float] = None,
 ) -> Optional[T]:
     """Run ``thunk()`` ``repeat`` times under a sampler, render the profile, return the
     last call's value (``None`` when ``repeat`` is 0).
@@ -613,7 +639,11 @@ def profile_thunk(
     (and the order, if it accepts one); ``None`` renders nothing.
     ``periodic_renderer=(seconds, renderer)`` renders the profile so far every
     ``seconds`` while the thunk runs.  ``order``: ``'topological'``, ``'self'`` or
-    ``'total'``, passed to the renderer.  An exception from the thunk stops the
+    ``'total'``, passed to the renderer.  ``memory=RATE`` profiles allocations
+    instead of time (:mod:`sampler.memprof`, every thread): each allocated word is
+    sampled with probability ``RATE`` (``0 < RATE <= 1``; 1e-4 costs no visible time),
+    and the profile is in estimated bytes allocated (``unit='B'``; its ``'wall'``
+    view, bytes still live, is in ``p.snapshots``).  An exception from the thunk stops the
     repetitions, is reported on stderr, and is re-raised after the profile is
     rendered.  Every argument is checked before the thunk runs.
     """
@@ -624,7 +654,7 @@ def profile_thunk(
         raise ValueError(f"repeat must be an integer >= 0, not {repeat!r}")
     session = Profiler(delay=delay, threads=threads, render=render,
                        periodic_renderer=periodic_renderer, use_errortrace=use_errortrace,
-                       order=order, entries=(_run_thunk,))
+                       order=order, entries=(_run_thunk,), memory=memory)
     result: Optional[T] = None
     with session:
         for _ in range(repeat):

@@ -449,7 +449,7 @@ def test_to_snapshots_weighs_each_sample_by_its_estimated_bytes():
             return {{n.id: n.total for n in prof.nodes}}
         def expected(name, live_only):
             return sum(round(n * memprof.WORD_SIZE / RATE) for _, stack, n, alive in log.blocks
-                       if (alive or not live_only) and any(f.name == name for f in stack)) / 1e6
+                       if (alive or not live_only) and any(f.name == name for f in stack))
         allocated = totals(memprof.to_snapshots(p, log))
         live_before = totals(memprof.to_snapshots(p, log, live=True))
         want = {{name: [expected(name, False), expected(name, True)] for name in ("small", "big")}}
@@ -469,12 +469,12 @@ def test_to_snapshots_weighs_each_sample_by_its_estimated_bytes():
     assert out["live_before"]["big"] >= 0.98 * out["allocated"]["big"]
     assert "big" not in out["live_after"]
     # big allocates ten times small's bytes (plus its list): the estimate says so,
-    # within the bounds of the binomial (in megabytes: words * 8 / rate / 1e6)
+    # within the bounds of the binomial (in bytes: words * 8 / rate)
     lo_s, hi_s = binomial_bound(64 * 20000, rate)
     lo_b, _ = binomial_bound(640 * 20000, rate)
-    mb = 8 / rate / 1e6
-    assert lo_s * mb <= out["allocated"]["small"] <= hi_s * mb
-    assert out["allocated"]["big"] >= lo_b * mb
+    per_word = 8 / rate
+    assert lo_s * per_word <= out["allocated"]["small"] <= hi_s * per_word
+    assert out["allocated"]["big"] >= lo_b * per_word
 
 
 def test_the_benchmark_script_runs_and_prints_every_configuration():

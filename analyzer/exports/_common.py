@@ -62,6 +62,15 @@ def sample_weights(snapshots: Snapshots, clock: str = "cpu", *,
     return analyzer_weights(snapshots, _check_clock(clock), interval=interval)
 
 
+def is_memory(snapshots: Snapshots) -> bool:
+    """Whether ``snapshots`` are allocation samples (``sampler.memprof``): their
+    weights are then bytes / 10**6 (a microsecond slot holds a byte), the ``cpu``
+    clock bytes allocated and ``wall`` bytes still live (:mod:`analyzer.memory`)."""
+    from analyzer.memory import is_memory as runs_are_memory
+
+    return runs_are_memory(snapshots.runs)
+
+
 @dataclass
 class FunctionStacks:
     """The snapshot's stacks re-interned at function granularity.

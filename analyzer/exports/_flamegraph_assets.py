@@ -70,7 +70,16 @@ JS = r"""
   }
   function svgEl(tag) { return document.createElementNS('http://www.w3.org/2000/svg', tag); }
 
-  function fmtTime(s) {
+  function fmtBytes(b) {  // decimal units, as the text report: 1 KB = 1000 bytes
+    if (b === 0) return '0';
+    var units = [[1e9, ' GB'], [1e6, ' MB'], [1e3, ' KB']];
+    for (var i = 0; i < units.length; i++) {
+      var v = b / units[i][0];
+      if (v >= 1) return v.toFixed(v >= 100 ? 0 : v >= 10 ? 1 : 2) + units[i][1];
+    }
+    return Math.round(b) + ' B';
+  }
+  function fmtSeconds(s) {
     if (s === 0) return '0';
     if (s >= 1) return s.toFixed(s >= 100 ? 0 : 2) + ' s';
     if (s >= 1e-3) return (s * 1e3).toFixed(s >= 0.1 ? 0 : 1) + ' ms';
@@ -90,6 +99,7 @@ JS = r"""
 
   function Flame(root) {
     var data = JSON.parse(root.querySelector('script.ss-data').textContent);
+    var fmtTime = data.unit === 'bytes' ? fmtBytes : fmtSeconds;  // allocation profiles: bytes
     var q = function (sel) { return root.querySelector(sel); };
     var n = data.parent.length;
     var kids = [];
@@ -343,7 +353,8 @@ JS = r"""
           'No caller/callee table for this selection.' : 'The caller/callee table was not computed.'));
         return;
       }
-      var note = (state.metric === 'samples' ? 'Times are CPU time. ' : '') + found.note;
+      var note = (state.metric === 'samples' ? (data.unit === 'bytes' ? 'Numbers are bytes allocated. ' :
+        'Times are CPU time. ') : '') + found.note;
       if (note) side.appendChild(el('p', 'ss-note', note));
       if (!tb.nodes.length) { side.appendChild(el('p', 'ss-empty', 'No samples.')); return; }
       var tbl = el('table', 'ss-table'), thead = el('thead'), head = el('tr');

@@ -3,7 +3,10 @@
 The input of Brendan Gregg's ``flamegraph.pl``, of inferno, and what py-spy writes
 with ``--format raw``.  The value is an integer, as those tools expect: by default
 microseconds of weighted time (``value='cpu'`` or ``'wall'``), or the number of
-samples (``value='samples'``).  A frame reads ``name (file:firstline)``.
+samples (``value='samples'``).  For allocation samples (``sampler.memprof``) the
+weights are whole bytes instead: ``value='cpu'`` bytes allocated, ``'wall'`` bytes still
+live (a microsecond slot holds a byte, so the numbers need no conversion).  A frame
+reads ``name (file:firstline)``.
 
 The format has no escaping, so characters that would split a line or a stack are
 replaced: ``;`` by ``:``, line breaks and tabs by spaces.  Stacks are written in a

@@ -9,7 +9,9 @@ an e-mail attachment or in a notebook with no network access.  It shows:
   threads that ran it;
 * a search box (a regular expression, or literal text if it is not one) that paints
   matching frames and says what share of the time they cover;
-* selectors for the thread, the measure (CPU time, wall time, sample count) and,
+* selectors for the thread, the measure (CPU time, wall time, sample count; for
+  allocation samples from ``sampler.memprof``, bytes allocated and bytes still live,
+  shown in KB / MB) and,
   when the run had custom keys, a mark value (one request id, say);
 * Racket's caller/callee table beside the graph, from :func:`analyzer.analyze_samples`;
   clicking a frame finds its row, clicking a row paints its frames.
@@ -29,7 +31,7 @@ from typing import Any, Optional
 from sampler.snapshot import Snapshots
 
 from . import _flamegraph_assets as assets
-from ._common import PathLike, _check_clock, check_snapshots, weighted_rows, write_output
+from ._common import PathLike, _check_clock, check_snapshots, is_memory, weighted_rows, write_output
 from .tables import caller_callee_tables
 
 MAX_THREAD_TABLES = 8
@@ -57,11 +59,14 @@ def flamegraph_data(snapshots: Snapshots, *, clock: str = "cpu", title: Optional
     _check_clock(clock)
     totals = weighted_rows(snapshots)
     stacks = totals.stacks
-    rows = [[tid, node, marks, int(c), round(cpu, 9), round(wall, 9)]
+    memory = is_memory(snapshots)  # weights are seconds, or bytes / 10**6: shown as bytes
+    rows = [[tid, node, marks, int(c), round(cpu * 1e6) if memory else round(cpu, 9),
+             round(wall * 1e6) if memory else round(wall, 9)]
             for (tid, node, marks), (c, cpu, wall) in sorted(totals.rows.items())]
     data: dict[str, Any] = {
         "title": title or default_title(snapshots),
         "clock": clock,
+        "unit": "bytes" if memory else "seconds",
         "functions": [[str(n), str(f or ""), int(line or 0)] for n, f, line in stacks.functions],
         "parent": list(stacks.node_parent),
         "func": list(stacks.node_func),
@@ -95,6 +100,13 @@ def summary_text(snapshots: Snapshots, clock: str = "cpu") -> str:
     observed = sum(r[column] for r in totals.rows.values())
     parts = [f"{n} samples", f"{len(snapshots.threads)} thread{'s' if len(snapshots.threads) != 1 else ''}",
              f"{observed * 1e3:.1f} ms {clock} time observed"]
+    if is_memory(snapshots):
+        from analyzer.memory import format_bytes, view
+
+        parts[-1] = f"{format_bytes(observed * 1e6)} {view(clock)} observed (estimated)"
+        if snapshots.cpu_time:
+            parts[-1] += f", out of {format_bytes(snapshots.cpu_time * 1e6)} allocated"
+        return ", ".join(parts)
     if snapshots.cpu_time:
         parts[-1] += f" (out of {snapshots.cpu_time * 1e3:.1f} ms process CPU)"
     rates = [r.achieved_rate for r in snapshots.runs if r.achieved_rate]
@@ -109,9 +121,11 @@ def html_fragment(snapshots: Snapshots, *, clock: str = "cpu", title: Optional[s
     data = flamegraph_data(snapshots, clock=clock, title=title, tables=tables)
     esc = html.escape
     has_rows = bool(data["rows"])
+    measures = (("cpu", "bytes allocated"), ("wall", "bytes still live"), ("samples", "samples")) \
+        if data["unit"] == "bytes" else (("cpu", "CPU time"), ("wall", "wall time"), ("samples", "samples"))
     metric_options = "".join(
         f'<option value="{v}"{" selected" if v == clock else ""}>{label}</option>'
-        for v, label in (("cpu", "CPU time"), ("wall", "wall time"), ("samples", "samples")))
+        for v, label in measures)
     return f"""<div class="ss-root">
 <h1>{esc(data["title"])}</h1>
 <div class="ss-summary">{esc(summary_text(snapshots, clock))}</div>

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from sampler.snapshot import Snapshots
 
-from ._common import check_snapshots, weighted_rows
+from ._common import check_snapshots, is_memory, weighted_rows
 from .flamegraph import summary_text, to_html
 
 TOP = 10
@@ -56,13 +56,18 @@ def _height(snapshots: Snapshots) -> int:
     return max(440, min(900, 220 + 18 * (deepest + 2)))
 
 
-def _top_table(rows: list[tuple[str, str, float, float]], total: float, unit: str) -> str:
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _top_table(rows: list[tuple[str, str, float, float]], total: float, unit: str,
+               fmt: Callable[[float], str] = _ms) -> str:
     esc = html.escape
     body = "".join(
         f"<tr><td>{esc(name)}</td><td>{esc(src)}</td>"
-        f"<td style='text-align:right'>{s * 1e3:.1f} ms</td>"
+        f"<td style='text-align:right'>{esc(fmt(s))}</td>"
         f"<td style='text-align:right'>{100 * s / total if total else 0:.1f}%</td>"
-        f"<td style='text-align:right'>{t * 1e3:.1f} ms</td></tr>"
+        f"<td style='text-align:right'>{esc(fmt(t))}</td></tr>"
         for name, src, s, t in rows)
     return ("<table class='stackshot-top'><thead><tr><th>function</th><th>where</th>"
             f"<th>self ({esc(unit)})</th><th>self %</th><th>total</th></tr></thead>"
@@ -95,8 +100,14 @@ def snapshots_html(snapshots: Snapshots, *, clock: str = "cpu", title: Optional[
     if not len(snapshots) or not any(snapshots.sample_stack):
         return f"<div class='stackshot'>{summary}<p><i>No samples to draw.</i></p></div>"
     top, grand = _snapshot_top(snapshots, clock)
+    fmt, what = _ms, "time"
+    if is_memory(snapshots):  # weights are bytes / 10**6
+        from analyzer.memory import format_bytes
+
+        fmt, what = (lambda s: format_bytes(s * 1e6)), "bytes"
     return (f"<div class='stackshot'>{summary}"
-            f"<details><summary>heaviest functions by self time</summary>{_top_table(top, grand, clock)}</details>"
+            f"<details><summary>heaviest functions by self {what}</summary>"
+            f"{_top_table(top, grand, clock, fmt)}</details>"
             f"{_iframe(_in_cell(to_html(snapshots, clock=clock, title=title)), _height(snapshots))}</div>")
 
 
@@ -113,12 +124,17 @@ def profile_html(profile: Any) -> str:
     esc = html.escape
     nodes = sorted(profile.nodes, key=lambda n: -n.self)[:TOP]
     rows = [(n.name, "" if n.src is None else str(n.src), n.self, n.total) for n in nodes]
+    from analyzer.renderers.common import format_amount, observed
+
+    def fmt(t: float) -> str:
+        return format_amount(profile, t)
+
     head = (f"<p class='stackshot-summary'><b>stackshot profile</b>: {profile.sample_number} samples, "
-            f"{esc(f'{profile.total_time * 1e3:.1f}')} ms {esc(str(clock))} time observed "
-            f"(out of {profile.cpu_time * 1e3:.1f} ms), {len(profile.nodes)} functions</p>")
+            f"{esc(fmt(profile.total_time))} {esc(observed(profile))} observed "
+            f"(out of {esc(fmt(profile.cpu_time))}), {len(profile.nodes)} functions</p>")
     if not profile.nodes:
         return f"<div class='stackshot'>{head}<p><i>No samples.</i></p></div>"
-    return f"<div class='stackshot'>{head}{_top_table(rows, profile.total_time, str(clock))}</div>"
+    return f"<div class='stackshot'>{head}{_top_table(rows, profile.total_time, str(clock), fmt)}</div>"
 
 
 def profile_pretty(profile: Any, p: Any, cycle: bool) -> None:

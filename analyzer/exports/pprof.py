@@ -8,7 +8,10 @@ stackshot's only runtime dependency is greenlet.
 Mapping to the format: a ``Function`` per Python function, a ``Location`` per
 (function, line) so pprof can show lines, and one ``Sample`` per distinct
 (stack, thread, marks) with three values, ``samples/count``, ``cpu/nanoseconds``
-and ``wall/nanoseconds`` (the analyzer's per-sample weights).  Each sample carries
+and ``wall/nanoseconds`` (the analyzer's per-sample weights); for allocation samples
+(``sampler.memprof``) Go's heap profile types instead: ``samples/count`` (sampled
+blocks), ``alloc_space/bytes`` (estimated bytes allocated) and ``inuse_space/bytes``
+(estimated bytes still live when the profile stopped).  Each sample carries
 labels ``thread`` (name), ``thread_id`` (its small id, as text: pprof drops a
 numeric label of 0) and, per custom key, the innermost
 mark value (``go tool pprof -tagfocus=thread=worker``).
@@ -17,12 +20,13 @@ mark value (``go tool pprof -tagfocus=thread=worker``).
 from __future__ import annotations
 
 import gzip
+import struct
 from pathlib import Path
 from typing import Any, Iterable
 
 from sampler.snapshot import Snapshots
 
-from ._common import PathLike, _check_clock, check_snapshots, sample_weights, write_output
+from ._common import PathLike, _check_clock, check_snapshots, is_memory, sample_weights, write_output
 
 # -- the protobuf wire format (only what profile.proto needs) --------------------
 
@@ -77,6 +81,19 @@ def _value_type(strings: _Strings, kind: str, unit: str) -> bytes:
 
 # -- the profile ----------------------------------------------------------------
 
+_TIME_TYPES = [("samples", "count"), ("cpu", "nanoseconds"), ("wall", "nanoseconds")]
+_MEMORY_TYPES = [("samples", "count"), ("alloc_space", "bytes"), ("inuse_space", "bytes")]
+"""The sample types of an allocation profile: Go's heap profile names, so that
+``go tool pprof -sample_index=inuse_space`` (or ``-inuse_space``) and Pyroscope know them."""
+
+
+def _bytes_per_sample(runs: Any) -> int:
+    from analyzer.memory import sampling_rates
+
+    rates = sampling_rates(runs)
+    word = struct.calcsize("P")
+    return round(word / rates[0]) if rates and rates[0] > 0 else 0
+
 
 def _mapping(s: _Strings, snapshots: Snapshots) -> bytes:
     """The one mapping every location points at: "the Python program".
@@ -96,7 +113,9 @@ def to_pprof_proto(snapshots: Snapshots, *, clock: str = "cpu") -> bytes:
     _check_clock(clock)
     s = _Strings()
     out = bytearray()
-    types = [("samples", "count"), ("cpu", "nanoseconds"), ("wall", "nanoseconds")]
+    memory = is_memory(snapshots)
+    types = _MEMORY_TYPES if memory else _TIME_TYPES
+    to_unit = 1e6 if memory else 1e9  # weights are seconds, or bytes / 10**6
     for kind, unit in types:
         out += _bytes_field(1, _value_type(s, kind, unit))
 
@@ -122,7 +141,7 @@ def to_pprof_proto(snapshots: Snapshots, *, clock: str = "cpu") -> bytes:
         frames = snapshots.stack(sid)  # innermost first: pprof's order too
         used_frames.update(frames)
         body = _packed(1, (f + 1 for f in frames))
-        body += _packed(2, (int(count), round(c * 1e9), round(w * 1e9)))
+        body += _packed(2, (int(count), round(c * to_unit), round(w * to_unit)))
         info = snapshots.threads[tid]
         labels = [_int_field(1, s("thread")) + _int_field(2, s(info.name)),
                   _int_field(1, s("thread_id")) + _int_field(2, s(str(tid)))]
@@ -156,11 +175,14 @@ def to_pprof_proto(snapshots: Snapshots, *, clock: str = "cpu") -> bytes:
     comment = [s("stackshot sampled profile"),
                s(f"{len(snapshots)} samples, {len(snapshots.threads)} threads, {len(runs)} run(s)")]
     period_ns = round(runs[0].requested_delay * 1e9) if runs else 0
+    period_type = ("cpu", "nanoseconds")
+    if memory:  # the mean bytes between two sampled words: WORD_SIZE / rate
+        period_type, period_ns = ("space", "bytes"), _bytes_per_sample(runs)
     start_ns = round(min(r.start_epoch for r in runs) * 1e9) if runs else 0
     duration_ns = round(sum(r.duration for r in runs) * 1e9) if runs else 0
     tail = _int_field(9, start_ns) + _int_field(10, duration_ns)
-    tail += _bytes_field(11, _value_type(s, "cpu", "nanoseconds")) + _int_field(12, period_ns)
-    tail += _packed(13, comment) + _int_field(14, s(clock))
+    tail += _bytes_field(11, _value_type(s, *period_type)) + _int_field(12, period_ns)
+    tail += _packed(13, comment) + _int_field(14, s(types[1 if clock == "cpu" else 2][0]))
     for text in s.table:  # the string table goes last: everything above has added to it
         out += _bytes_field(6, text.encode("utf-8", "replace"))  # protobuf strings are UTF-8
     return bytes(out + tail)

@@ -12,6 +12,11 @@ sampler sees no calls, so the fields mean:
 * ``callers[f] = (nc, cc, tt, ct)``: the same, restricted to the samples in which
   ``f`` called this function directly.
 
+For allocation samples (``sampler.memprof``), ``tt`` and ``ct`` are estimated *bytes*
+(bytes allocated with ``clock='cpu'``, bytes still live with ``'wall'``), written
+where pstats expects seconds: pstats prints them as "seconds", so read its
+``tottime`` and ``cumtime`` columns as bytes.
+
 Marshal is used only because pstats reads nothing else; :func:`to_pstats` writes
 numbers, strings and tuples, nothing that runs code when loaded.
 """
@@ -23,7 +28,7 @@ from pathlib import Path
 
 from sampler.snapshot import Snapshots
 
-from ._common import PathLike, _check_clock, check_snapshots, weighted_rows, write_output
+from ._common import PathLike, _check_clock, check_snapshots, is_memory, weighted_rows, write_output
 
 
 NO_SAMPLES = ("~", 0, "<no samples>")
@@ -35,12 +40,13 @@ def pstats_dict(snapshots: Snapshots, *, clock: str = "cpu") -> dict:
     check_snapshots(snapshots)
     column = {"cpu": 1, "wall": 2}[_check_clock(clock)]
     totals = weighted_rows(snapshots, (clock,))
+    scale = 1e6 if is_memory(snapshots) else 1.0  # weights are seconds, or bytes / 10**6
     stacks = totals.stacks
     per_node: dict[int, list[float]] = {}
     for (_tid, node, _marks), row in totals.rows.items():
         acc = per_node.setdefault(node, [0, 0.0])
         acc[0] += row[0]
-        acc[1] += row[column]
+        acc[1] += row[column] * scale
     keys = [(str(fn), int(line or 0), str(name)) for name, fn, line in stacks.functions]
     # per function: [samples, tt, ct]; per (callee, caller): [samples, tt, ct]
     funcs: dict[int, list[float]] = {}

@@ -4,7 +4,8 @@ speedscope's "Time Order" view replays samples left to right, so unlike the othe
 exports this one keeps every sample (no aggregation): each thread becomes a
 ``"sampled"`` profile whose ``samples[i]`` is a list of indices into the shared frame
 table, outermost first, and whose ``weights[i]`` is that sample's weight in seconds
-(the analyzer's per-sample rule).  Samples without frames (an idle thread) and
+(the analyzer's per-sample rule), or for allocation samples (``sampler.memprof``) its
+estimated bytes, with the unit ``"bytes"``.  Samples without frames (an idle thread) and
 threads with no framed sample are left out.
 
 Open the result with ``speedscope FILE`` (``npm install -g speedscope``) or by
@@ -19,7 +20,9 @@ from typing import Any, Optional
 
 from sampler.snapshot import Snapshots
 
-from ._common import FunctionStacks, PathLike, _check_clock, check_snapshots, sample_weights, write_output
+from ._common import (
+    FunctionStacks, PathLike, _check_clock, check_snapshots, is_memory, sample_weights, write_output,
+)
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 
@@ -40,6 +43,12 @@ def speedscope_document(snapshots: Snapshots, *, clock: str = "cpu",
     _check_clock(clock)
     stacks = FunctionStacks.build(snapshots)
     weights = sample_weights(snapshots, clock)
+    unit, measure = "seconds", f"{clock} time"
+    if is_memory(snapshots):  # allocation samples: whole bytes
+        from analyzer.memory import BYTES_PER_SECOND_SLOT, view
+
+        unit, measure = "bytes", f"bytes {view(clock)}"
+        weights = [round(w * BYTES_PER_SECOND_SLOT) for w in weights]
     paths: dict[int, list[int]] = {}
     per_thread: dict[int, tuple[list[list[int]], list[float]]] = {}
     for i, (tid, sid) in enumerate(zip(snapshots.sample_thread, snapshots.sample_stack)):
@@ -61,8 +70,8 @@ def speedscope_document(snapshots: Snapshots, *, clock: str = "cpu",
         ends.append(total)
         profiles.append({
             "type": "sampled",
-            "name": f"{info.name} ({info.kind} {tid}, {clock} time)",
-            "unit": "seconds",
+            "name": f"{info.name} ({info.kind} {tid}, {measure})",
+            "unit": unit,
             "startValue": 0,
             "endValue": total,
             "samples": samples,

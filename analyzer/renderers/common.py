@@ -83,6 +83,36 @@ def format_ms(ms: float) -> str:
     return f"{ms:.1f}ms"
 
 
+def format_amount(profile: Profile, t: float) -> str:
+    """A number of ``profile`` for people, in its own quantity: ``12.5ms``, or
+    ``4.56 MB`` for an allocation profile (whose numbers are bytes)."""
+    if profile.quantity == "bytes":
+        from ..memory import format_bytes
+
+        return format_bytes(t)
+    return format_ms(to_ms(profile, t))
+
+
+def observed(profile: Profile) -> str:
+    """What ``profile``'s numbers are, for a header: ``cpu time``, ``wall time``,
+    ``bytes allocated`` or ``bytes live`` (at the end of the run)."""
+    if profile.quantity == "bytes":
+        from ..memory import view
+
+        return f"bytes {view(profile.weight)}"
+    return "wall time" if profile.weight == "wall" else "cpu time"
+
+
+def observed_amount(profile: Profile, t: float) -> str:
+    """``t`` and what it is, for a one-line summary: ``12.5ms of cpu time observed``,
+    or ``4.56 MB allocated (estimated)`` for an allocation profile."""
+    if profile.quantity == "bytes":
+        from ..memory import view
+
+        return f"{format_amount(profile, t)} {view(profile.weight)} (estimated)"
+    return f"{format_amount(profile, t)} of {observed(profile)} observed"
+
+
 def hidden_nodes(profile: Profile, hide_self: float, hide_subs: float) -> set[Node]:
     """Racket's ``get-hidden``: the nodes negligible in *every* listing.
 

@@ -16,8 +16,7 @@ from typing import IO, Optional
 from ..model import Profile
 from .naming import hidden_chains
 from .common import (
-    check_fraction, check_truncate_source, format_ms, format_percent, format_source,
-    to_ms,
+    check_fraction, check_truncate_source, format_amount, format_percent, format_source,
 )
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 controls: shown as spaces
@@ -64,8 +63,8 @@ def render_dot(
         label = "\n".join((
             _clip(n.name),
             _clip(format_source(n.src, truncate_source)),
-            f"total {format_ms(to_ms(profile, n.total))} ({format_percent(n.total, total)})",
-            f"self {format_ms(to_ms(profile, n.self))} ({format_percent(n.self, total)})",
+            f"total {format_amount(profile, n.total)} ({format_percent(n.total, total)})",
+            f"self {format_amount(profile, n.self)} ({format_percent(n.self, total)})",
         ))
         saturation = max(0.0, min(1.0, n.self / max_self))
         lines.append(f"  {ids[n]} [label={_quote(label)}, "
@@ -77,7 +76,7 @@ def render_dot(
                 continue
             width = 1 + 4 * (e.total / total if total else 0)
             lines.append(f"  {ids[n]} -> {ids[callee]} "
-                         f"[label={_quote(format_ms(to_ms(profile, e.callee_time)))}, "
+                         f"[label={_quote(format_amount(profile, e.callee_time))}, "
                          f"penwidth={width:.2f}];")
     lines.append("}")
     text = "\n".join(lines) + "\n"

@@ -23,8 +23,8 @@ from typing import IO, Optional
 from ..model import Profile
 from .naming import display_names
 from .common import (
-    check_fraction, check_truncate_source, format_ms, format_percent, format_source, printable,
-    to_ms,
+    check_fraction, check_truncate_source, format_amount, format_percent, format_source, observed_amount,
+    printable,
 )
 
 
@@ -50,8 +50,7 @@ def render_flat(
     rows = sorted(profile.nodes, key=lambda n: (-n.self, -n.total, n.name))
     shown = [n for n in rows if not (hide_self and total and n.self / total <= hide_self)]
 
-    clock = "wall" if profile.weight == "wall" else "cpu"
-    lines = [f"Flat profile: {format_ms(to_ms(profile, total))} of {clock} time observed "
+    lines = [f"Flat profile: {observed_amount(profile, total)} "
              f"in {profile.sample_number} samples, {len(profile.nodes)} functions"]
     if len(shown) < len(rows):
         lines.append(f"  ({len(rows) - len(shown)} with self <= {hide_self * 100:.1f}% not shown)")
@@ -63,7 +62,7 @@ def render_flat(
         return text
 
     def cell(t: float) -> str:
-        return f"{format_ms(to_ms(profile, t))} {format_percent(t, total):>6}"
+        return f"{format_amount(profile, t)} {format_percent(t, total):>6}"
 
     names = display_names(profile, shown)
     table = [(printable(names[n]), cell(n.self), cell(n.total),

@@ -24,7 +24,7 @@ from ..model import Profile
 from .naming import display_names, emit, hidden_chains
 from .common import (
     ORDERS, check_choice, check_fraction, check_truncate_source, format_ms, format_percent, format_source,
-    ordered_nodes, printable, to_ms,
+    ordered_nodes, printable, to_ms, format_amount, observed,
 )
 
 _THREADS_LISTED = 8  # the header names this many threads, heaviest first
@@ -78,8 +78,7 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     names = display_names(profile, shown)
     labels = {n: f"{printable(names[n])} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
     total = profile.total_time
-    digits = _digits(to_ms(profile, total))
-    ms = to_ms(profile, 1.0)
+    ms, digits, unit_name = _table_unit(profile)
 
     def timing(t: float) -> str:
         return f"{t * ms:,.{digits}f}({format_percent(t, total)})"
@@ -102,7 +101,7 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     out.append(sub_indent + "Caller")
     out.append(f" {'Idx':<{idx_w}} {'Total':>{tot_w}}  {'Self':>{self_w}}  "
                f"{'Name+src':<{name_w + 4}}" + f"{'Local%':>{pct_w}}")
-    unit = "ms(pct)"
+    unit = f"{unit_name}(pct)"
     out.append(f" {'':<{idx_w}} {unit:>{tot_w}}  {unit:>{self_w}}    Callee")
     out.append("=" * width)
     rule = "-" * width
@@ -128,16 +127,19 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
 
 
 def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float) -> list[str]:
-    total_ms = to_ms(profile, profile.total_time)
-    cpu_ms = to_ms(profile, profile.cpu_time)
+    total_ms = to_ms(profile, profile.total_time) if profile.quantity == "time" else 0.0
+    cpu_ms = to_ms(profile, profile.cpu_time) if profile.quantity == "time" else 0.0
     lines = ["Profiling results", "-----------------"]
-    if profile.weight == "wall":
+    if profile.quantity == "bytes":
+        lines.extend(_bytes_header(profile))
+    elif profile.weight == "wall":
         lines.append(f"  Total wall time observed: {format_ms(total_ms)} "
                      f"(out of {format_ms(cpu_ms)} process cpu time)")
     else:
         lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
     n = profile.sample_number
-    lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
+    if profile.quantity == "time":
+        lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
     engines = sorted({r.engine for r in profile.runs if getattr(r, "engine", "")})
     if engines:
         lines.append(f"  Engine: {printable(', '.join(engines))}")
@@ -148,7 +150,7 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         for t, v in heaviest[:_THREADS_LISTED]:
             name = profile.thread_names.get(t)
             who = f"{printable(name)} ({printable(t)})" if name else printable(t)
-            parts.append(f"{who} {format_ms(to_ms(profile, v))}")
+            parts.append(f"{who} {format_amount(profile, v)}")
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
         lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
@@ -180,7 +182,7 @@ def unseen_lines(profile: Profile) -> list[str]:
     lines = []
     extra = [r.extra for r in profile.runs if isinstance(getattr(r, "extra", None), dict)]
     others = sum(int(e.get("other_threads", 0)) for e in extra)
-    if others and profile.weight == "cpu":
+    if others and profile.weight == "cpu" and profile.quantity == "time":
         collector = sum(getattr(r, "collector_cpu", 0.0) for r in profile.runs)
         unseen = to_ms(profile, profile.cpu_time - profile.total_time) - 1000.0 * collector
         if unseen > 0:
@@ -200,3 +202,26 @@ def _digits(total_ms: float) -> int:
         return 0
     return 1 if total_ms >= 1 else 3
 
+
+
+def _table_unit(profile: Profile) -> tuple[float, int, str]:
+    """The table's numbers: (multiplier, decimals, unit name).  Milliseconds, as
+    Racket's; for an allocation profile the byte unit its total reads best in."""
+    if profile.quantity == "bytes":
+        from ..memory import byte_unit
+
+        size, name = byte_unit(profile.total_time)
+        return 1.0 / size, 0 if size == 1.0 or profile.total_time >= 100 * size else 1, name
+    return to_ms(profile, 1.0), _digits(to_ms(profile, profile.total_time)), "ms"
+
+
+def _bytes_header(profile: Profile) -> list[str]:
+    """The header of an allocation profile: bytes observed, out of the run's estimated
+    allocation, and how the blocks were sampled."""
+    from ..memory import sampling_rates
+
+    rates = ", ".join(f"{r:g}" for r in sampling_rates(profile.runs))
+    how = f"; each word sampled with probability {rates}" if rates else ""
+    return [f"  Total {observed(profile)} (estimated): {format_amount(profile, profile.total_time)} "
+            f"(out of {format_amount(profile, profile.cpu_time)} allocated while sampling)",
+            f"  Number of samples taken: {profile.sample_number} (sampled blocks{how})"]

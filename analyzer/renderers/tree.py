@@ -15,7 +15,7 @@ profile analysed from them), weighted exactly as the exports are.
 
 from __future__ import annotations
 
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
 from ..exports._common import check_snapshots, weighted_rows
 from .common import check_fraction, format_ms
@@ -70,7 +70,8 @@ def _render(snapshots: Any, clock: str, hide: float) -> str:
         total[parent] += total[node]
         children[parent].append(node)
     grand = total[0]
-    lines = [f"Call tree: {format_ms(grand * 1e3)} of {clock} time observed in {samples} samples"]
+    amount, what = _quantity(snapshots, clock)
+    lines = [f"Call tree: {amount(grand)} {what} in {samples} samples"]
     if not grand:
         return lines[0] + "\n\n  (no samples)\n"
     lines.append(f"(paths with at most {hide * 100:.1f}% of the time are hidden)")
@@ -80,7 +81,7 @@ def _render(snapshots: Any, clock: str, hide: float) -> str:
     def walk(node: int, lead: str, branch: str) -> None:
         nonlocal hidden
         name, filename, firstlineno = stacks.functions[stacks.node_func[node]]
-        head = f"{lead}{branch}{format_ms(total[node] * 1e3)} {total[node] / grand * 100:5.1f}%  {printable(name)}  "
+        head = f"{lead}{branch}{amount(total[node])} {total[node] / grand * 100:5.1f}%  {printable(name)}  "
         room = max(WIDTH - len(head), 4)
         lines.append(head + printable(format_source(f"{filename}:{firstlineno}", room)))
         kids = sorted(children[node], key=lambda k: -total[k])
@@ -99,3 +100,14 @@ def _render(snapshots: Any, clock: str, hide: float) -> str:
         lines.append("")
         lines.append(f"({hidden} call paths hidden; lower --hide-self to see them)")
     return "\n".join(lines) + "\n"
+
+
+def _quantity(snapshots: Any, clock: str) -> tuple[Callable[[float], str], str]:
+    """How to show a weight (seconds, or for allocation samples bytes / 10**6), and
+    what the weights are."""
+    from .. import memory
+
+    if memory.is_memory(snapshots.runs):
+        return (lambda s: memory.format_bytes(s * memory.BYTES_PER_SECOND_SLOT),
+                f"{memory.view(clock)} (estimated)")
+    return (lambda s: format_ms(s * 1e3)), f"of {clock} time observed"
