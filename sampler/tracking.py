@@ -277,3 +277,25 @@ def _run_codes(g: Any) -> tuple:
         if isinstance(code, CodeType):
             codes.append(code)
     return tuple(codes)
+
+
+class TrackingWarning(UserWarning):
+    """Something given to track can never be sampled: a thread that has ended, a
+    greenlet that is dead, a thread that was never started while it was tracked."""
+
+
+def ended(leaves: Iterable[Any]) -> list[str]:
+    """The leaves that have already ended (a thread that ran and finished, a dead
+    greenlet), described for a warning: they will never be sampled."""
+    out = []
+    for x in leaves:
+        if isinstance(x, threading.Thread) and x.ident is not None and not x.is_alive():
+            out.append(f"thread {x.name!r} has already ended")
+        elif is_greenlet(x) and x.dead:
+            out.append(f"greenlet {getattr(x, 'name', None) or hex(id(x))} is already dead")
+    return out
+
+
+def not_started(leaves: Iterable[Any]) -> list[threading.Thread]:
+    """The threads among ``leaves`` that have not been started (yet)."""
+    return [x for x in leaves if isinstance(x, threading.Thread) and x.ident is None]
