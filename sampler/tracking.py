@@ -280,19 +280,17 @@ def _run_codes(g: Any) -> tuple:
 
 
 class TrackingWarning(UserWarning):
-    """Something given to track can never be sampled: a thread that has ended, a
-    greenlet that is dead, a thread that was never started while it was tracked."""
+    """A thread given to track can never be sampled: it has ended, or it was never
+    started while it was tracked."""
 
 
 def ended(leaves: Iterable[Any]) -> list[str]:
-    """The leaves that have already ended (a thread that ran and finished, a dead
-    greenlet), described for a warning: they will never be sampled."""
+    """The threads among ``leaves`` that have already ended, described for a warning:
+    they will never be sampled."""
     out = []
     for x in leaves:
         if isinstance(x, threading.Thread) and x.ident is not None and not x.is_alive():
             out.append(f"thread {x.name!r} has already ended")
-        elif is_greenlet(x) and x.dead:
-            out.append(f"greenlet {getattr(x, 'name', None) or hex(id(x))} is already dead")
     return out
 
 

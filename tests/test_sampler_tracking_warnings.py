@@ -7,8 +7,6 @@ from __future__ import annotations
 import threading
 import warnings
 
-import pytest
-
 from sampler import TrackingWarning, create_sampler
 
 
@@ -76,20 +74,4 @@ def test_a_thread_started_in_time_or_a_live_one_never_warns():
 def _run(ctl, thread):
     thread.start()
     thread.join()
-    ctl("stop")
-
-
-def test_a_dead_greenlet_warns():
-    greenlet = pytest.importorskip("greenlet")
-    g = greenlet.greenlet(lambda: None)
-    g.switch()
-    assert g.dead
-    ctl = None
-
-    def start():
-        nonlocal ctl
-        ctl = create_sampler(g, 0.001)
-
-    (w,) = _caught(start)
-    assert "is already dead" in str(w.message)
     ctl("stop")
