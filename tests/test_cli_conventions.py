@@ -21,7 +21,7 @@ import pytest
 
 from export_consumers import need_program
 from sampler.snapshot import Snapshots
-from test_cli import BUSY, SPIN, TIMEOUT, analyzer, env, stackshot, write
+from test_cli import BUSY, SPIN, TIMEOUT, analyzer, env, run, stackshot, write
 from test_export_pprof import go_pprof, top_rows
 
 
@@ -375,3 +375,46 @@ def test_engine_is_passed_only_when_given_and_a_refusal_is_one_line(tmp_path, bu
         assert proc.returncode == 2 and proc.stdout == ""
         (line,) = proc.stderr.splitlines()
         assert line.startswith("stackshot: --engine python: ")
+
+
+GROWS = SPIN + """
+import sys
+def grows(n):
+    return spin(n)
+def steady():
+    return spin(0.05)
+grows(float(sys.argv[1])); steady()
+"""
+
+
+def test_two_runs_compare_with_python_m_stackshot_diff(tmp_path):
+    script = write(tmp_path / "grows.py", GROWS)
+    before, after = tmp_path / "before.stackshot", tmp_path / "after.stackshot"
+    assert stackshot("-o", before, script, "0.02").returncode == 0
+    assert stackshot("-o", after, script, "0.3").returncode == 0
+    proc = run("stackshot.diff", before, after)
+    assert proc.returncode == 0, proc.stderr
+    header, *rows = proc.stdout.splitlines()
+    assert header.split()[:2] == ["Self", "before"]
+    total_change = {row.split()[-2]: row.split()[5] for row in rows}  # name -> after total
+    assert "grows" in total_change and "steady" in total_change
+    first = rows[0].split()  # the largest change of self time: spin, which grows calls
+    assert first[-2] == "spin" and first[2].startswith("+")
+    missing = run("stackshot.diff", before, tmp_path / "nope.stackshot")
+    assert missing.returncode == 1 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_diff_profiles_matches_functions_by_name_and_file():
+    from analyzer import analyze_samples
+    from snapshot_builders import snapshots
+    from stackshot.diff import diff_profiles, render_diff
+
+    a = analyze_samples(snapshots([("t", i / 10, i / 10, ["f", "main"]) for i in range(10)]))
+    b = analyze_samples(snapshots([("t", i / 10, i / 10, ["g" if i % 2 else "f", "main"])
+                                   for i in range(30)]))
+    rows = {c.name: c for c in diff_profiles(a, b)}
+    assert rows["g"].self_before == 0 and rows["g"].self_after > 0
+    assert rows["main"].total_after > rows["main"].total_before
+    assert "g" in render_diff(list(rows.values()))
+    with pytest.raises(TypeError, match="two analyzer Profiles"):
+        diff_profiles(a, None)
