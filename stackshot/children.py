@@ -162,6 +162,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 _count_launches(module)
 
+            def __getattr__(self, name: str) -> Any:  # get_source, get_code ...: the real one's
+                return getattr(loader, name)
+
         spec.loader = _Loader()
         return spec
 
