@@ -340,17 +340,25 @@ def program():
     p.join()
     pid = os.fork()
     if pid == 0:
-        spin(0.05)
+        spin(0.1)
         os._exit(0)
     os.waitpid(pid, 0)
+    return "value"
 
-def show(prof):  # profile_thunk's renderer: one profile, a view per process
-    print(len({r.pid for r in prof.runs}), prof.runs[0].extra.get("child_processes", 0),
-          sum("(pid " in n for n in prof.thread_names.values()),
-          "spawned_work" in {n.id for n in prof.nodes})
+def views(s):
+    \"\"\"Each thread of a child's run is named with its pid; the parent's are not.\"\"\"
+    me = os.getpid()
+    for t in s.threads:
+        pid = s.runs[t.run].pid
+        assert (f"(pid {pid})" in t.name) == (pid != me), (t.name, pid, me)
+    return sum(1 for t in s.threads if s.runs[t.run].pid != me)
 
 if __name__ == "__main__":
-    profile_thunk(program, subprocesses=True, render=show)
+    with profile(subprocesses=True, render=None) as p:
+        program()
+    s = p.snapshots
+    print(len({r.pid for r in s.runs}), s.runs[0].extra.get("child_processes", 0), views(s) >= 1)
+    print(profile_thunk(program, subprocesses=True, render=None))
     with profile(render=None) as p:
         program()
     print(len({r.pid for r in p.snapshots.runs}), p.snapshots.runs[0].extra.get("child_processes", 0))
@@ -362,7 +370,7 @@ def test_the_api_profiles_child_processes_too(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env(), timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["3 0 2 True", "1 2"]
+    assert proc.stdout.splitlines() == ["3 0 True", "value", "1 2"]
 
 
 def test_engine_is_passed_only_when_given_and_a_refusal_is_one_line(tmp_path, busy):
