@@ -21,12 +21,13 @@ from .controller import MESSAGES, Sampler, SamplerError, create_sampler
 from .groups import ThreadGroup
 from .marks import current_marks, mark
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, Sample, SnapshotError, Snapshots, ThreadInfo, merge
-from .tracking import ALL_THREADS
+from .tracking import ALL_THREADS, TrackingWarning
 
 __all__ = [
     "ALL_THREADS", "FORMAT_VERSION", "Frame", "MESSAGES", "RunInfo", "Sample", "Sampler",
     "SamplerError", "SnapshotError", "Snapshots", "ThreadGroup", "ThreadInfo", "create_sampler",
     "current_marks", "load_ipython_extension", "mark", "merge", "__version__",
+    "TrackingWarning",
 ]
 
 _MOVED = frozenset({"profile", "profile_thunk", "Profiler"})

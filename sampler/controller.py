@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 import weakref
 from typing import Any, Hashable, Optional, Sequence
 
@@ -23,7 +24,7 @@ from . import engines, switchinterval
 from .collector import Collector
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
-from .tracking import Tracker, flatten
+from .tracking import Tracker, TrackingWarning, ended, flatten, not_started
 
 __all__ = ["create_sampler", "Sampler", "SamplerError", "MESSAGES"]
 
@@ -114,7 +115,9 @@ class Sampler:
             from .native_engine import NativeCollector
 
             collector_class = NativeCollector
-        self._collector = collector_class(Tracker(flatten(to_track)), delay, self._recorder)
+        leaves = flatten(to_track)
+        self._collector = collector_class(Tracker(leaves), delay, self._recorder)
+        self._watch_leaves(leaves)
         # Only a collector that takes the GIL needs the switch interval lowered.
         self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
         self._token = next(_tokens)  # this run's claim on the switch interval
@@ -186,13 +189,17 @@ class Sampler:
         self._sync()
         if not self._forked:
             c.join(_STOP_TIMEOUT)
+        self._warn_never_started()
 
     def set_tracked(self, to_track: Any) -> None:
         """Track something else; a number changes the delay (Racket's documented form)."""
         if isinstance(to_track, numbers.Real) and not isinstance(to_track, bool):
             return self.set_delay(to_track)
-        self._collector.tracker = Tracker(flatten(to_track))
+        leaves = flatten(to_track)
+        self._collector.tracker = Tracker(leaves)
         self._collector.wake()
+        self._warn_never_started()
+        self._watch_leaves(leaves)
 
     def set_delay(self, delay: float) -> None:
         """Change the seconds between snapshots from now on."""
@@ -242,6 +249,24 @@ class Sampler:
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "paused" if self.paused else "sampling"
         return f"<Sampler {state}, delay {self.delay}s, {len(self._recorder.sample_thread)} samples>"
+
+    # -- what can never be sampled ---------------------------------------------------
+    def _watch_leaves(self, leaves: tuple) -> None:
+        """Warn now of what has already ended, and remember the threads not started
+        yet: one that is still not started when it stops being tracked (at ``stop``
+        or ``set-tracked!``) was never sampled, and is warned of then."""
+        self._unstarted = not_started(leaves)
+        for what in ended(leaves):
+            warnings.warn(f"the sampler tracks something it can never sample: {what}",
+                          TrackingWarning, stacklevel=_caller_level())
+
+    def _warn_never_started(self) -> None:
+        unstarted, self._unstarted = getattr(self, "_unstarted", []), []
+        for t in unstarted:
+            if t.ident is None:
+                warnings.warn(f"thread {t.name!r} was tracked but never started while it was: "
+                              "it was never sampled (start it before the sampler stops)",
+                              TrackingWarning, stacklevel=_caller_level())
 
     # -- keeping the consequences in line ---------------------------------------------
     def _sync(self) -> None:
@@ -347,6 +372,16 @@ def create_sampler(
             "is not implemented yet; sample the interpreter's own stack with the default"
         )
     return Sampler(to_track, value, keys, engines.choose(engine))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points a warning at the code that called the sampler
+    (the first frame outside this package)."""
+    here = os.path.dirname(__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _stop_all_at_exit() -> None:

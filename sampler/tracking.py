@@ -277,3 +277,23 @@ def _run_codes(g: Any) -> tuple:
         if isinstance(code, CodeType):
             codes.append(code)
     return tuple(codes)
+
+
+class TrackingWarning(UserWarning):
+    """A thread given to track can never be sampled: it has ended, or it was never
+    started while it was tracked."""
+
+
+def ended(leaves: Iterable[Any]) -> list[str]:
+    """The threads among ``leaves`` that have already ended, described for a warning:
+    they will never be sampled."""
+    out = []
+    for x in leaves:
+        if isinstance(x, threading.Thread) and x.ident is not None and not x.is_alive():
+            out.append(f"thread {x.name!r} has already ended")
+    return out
+
+
+def not_started(leaves: Iterable[Any]) -> list[threading.Thread]:
+    """The threads among ``leaves`` that have not been started (yet)."""
+    return [x for x in leaves if isinstance(x, threading.Thread) and x.ident is None]

@@ -42,7 +42,7 @@ from sampler.controller import create_sampler
 from sampler.snapshot import Snapshots, merge
 from sampler.tracking import ALL_THREADS
 
-from .children import ChildProfiles
+from .children import ChildCounter, ChildProfiles
 from .toplevel import OtherThreads, _own_files, _runpy_files, _with_run_extra, trim_snapshots
 
 __all__ = ["main", "Program"]
@@ -362,9 +362,9 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--all-threads", action="store_true",
                         help="sample every thread of the process, not only the main thread")
     parser.add_argument("--subprocesses", action="store_true",
-                        help="profile the child processes the program forks (os.fork, "
-                             "multiprocessing's fork start method) too, merged into one profile "
-                             "with each child's threads named by pid")
+                        help="profile the program's child processes that run Python too "
+                             "(os.fork, multiprocessing's fork, spawn and forkserver, subprocess), "
+                             "merged into one profile with each child's threads named by pid")
     parser.add_argument("--use-errortrace", action="store_true",
                         help="sample an instrumented stack that also sees C functions")
     parser.add_argument("--engine", choices=("native", "python"), default=None,
@@ -463,8 +463,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     def trim(snaps: Snapshots) -> Snapshots:
         return trim_snapshots(snaps, (_run_program,), overhead=(main,), own_files=launcher)
 
-    forks = ChildProfiles(args.delay, trim) if args.subprocesses else None
-    children = _Children(count_forks=forks is None)
+    forks = ChildProfiles(args.delay, args.all_threads) if args.subprocesses else None
+    children = ChildCounter()
     others = OtherThreads(() if args.all_threads or args.use_errortrace else [track])
     parent = os.getpid()
     try:
@@ -479,23 +479,21 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     if os.getpid() != parent:
         # A process the program forked, leaving the program's code: the profile is the
         # parent's to write; this one has no sampler thread and must not overwrite it
-        # (with --subprocesses it leaves its own snapshots for the parent to merge).
+        # (with --subprocesses it leaves its own snapshots for the parent to merge, at exit).
         if outcome.error is not None:
             _print_program_error(outcome.error, launcher)
-        if forks is not None:
-            forks.save_child()
         return outcome.status
     if outcome.error is not None:
         _print_program_error(outcome.error, launcher)
     with _SigintDeferred():
         snapshots = trim(sampler.get_snapshots())
+        kids = forks.collect(trim) if forks is not None else []
         snapshots = _with_run_extra(snapshots, {
             "program": program.identity, "argv": list(program.argv),
             "exit_status": outcome.status, "interrupted": outcome.interrupted,
-            **children.extra(), **others.extra(),
+            **children.extra(profiled=len(kids)), **others.extra(),
         })
-        if forks is not None:
-            snapshots = merge(snapshots, *forks.collect())
+        snapshots = merge(snapshots, *kids) if kids else snapshots
         status = _write(snapshots, files, shown, report)
         if outcome.interrupted:
             _fail("interrupted; the profile covers the program until then")
@@ -575,44 +573,6 @@ class _ReportStream:
 
     def fileno(self) -> int:
         return self.stream.fileno()
-
-
-class _Children:
-    """Counts the child processes the program starts (``os.fork``, ``subprocess``,
-    ``os.posix_spawn``, ``os.system``) through audit events, so that the report can say
-    how many ran unprofiled.  An audit hook cannot be removed: it counts only while
-    a run is active.  Not seen: multiprocessing's spawn and forkserver starts, which
-    raise no audit event."""
-
-    EVENTS = frozenset({"os.fork", "os.forkpty", "subprocess.Popen", "os.posix_spawn",
-                        "os.posix_spawnp", "os.system"})
-    FORKS = frozenset({"os.fork", "os.forkpty"})
-    _active: Optional["_Children"] = None
-    _hooked = False
-
-    def __init__(self, count_forks: bool = True) -> None:
-        self.count = 0
-        self.events = self.EVENTS if count_forks else self.EVENTS - self.FORKS
-
-    @classmethod
-    def _hook(cls, event: str, args: Any) -> None:
-        active = cls._active
-        if active is not None and event in active.events and os.getpid() == active.pid:
-            active.count += 1
-
-    def __enter__(self) -> "_Children":
-        if not _Children._hooked:
-            sys.addaudithook(_Children._hook)
-            _Children._hooked = True
-        _Children._active = self
-        self.pid = os.getpid()  # a forked child's own children are not the parent's to count
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _Children._active = None
-
-    def extra(self) -> dict[str, Any]:
-        return {"child_processes": self.count} if self.count else {}
 
 
 def _write(snapshots: Snapshots, files: list, report_opts: Any, report: Any) -> int:

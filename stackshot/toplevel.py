@@ -28,9 +28,11 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 from sampler import realthreads
 from sampler.controller import Sampler, create_sampler
 from sampler.groups import ThreadGroup
-from sampler.snapshot import Frame, Snapshots, StackTrie
+from sampler.snapshot import Frame, Snapshots, StackTrie, merge
 
 from analyzer import Profile, analyze_samples, render_text
+
+from .children import ChildCounter, ChildProfiles
 
 __all__ = ["profile_thunk", "profile", "Profiler", "TEXT", "call_renderer", "trim_snapshots"]
 
@@ -171,6 +173,9 @@ def _own_files() -> frozenset[str]:
         names.update(os.path.join(folder, f) for f in listing
                      if f.endswith(".py") and f not in _NOT_OURS)
         names.add(here)
+    from .children import BOOTSTRAP_DIR  # a child's sitecustomize, under --subprocesses
+
+    names.add(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py"))
     return frozenset(names)
 
 
@@ -467,6 +472,7 @@ class Profiler:
         order: str = "topological",
         entries: Iterable[Callable[..., Any]] = (),
         memory: Optional[float] = None,
+        subprocesses: bool = False,
     ) -> None:
         from sampler.controller import _check_delay
 
@@ -486,11 +492,17 @@ class Profiler:
         self._periodic: Optional[_Periodic] = None
         self._others: Optional[OtherThreads] = None
         self._pid = 0
+        self.subprocesses = bool(subprocesses)
+        if self.subprocesses and self.memory is not None:
+            raise ValueError("memory= profiles this process's allocations only; "
+                             "it cannot be combined with subprocesses=True")
+        self._counter: Optional[ChildCounter] = None
+        self._children: Optional[ChildProfiles] = None
 
     def _options(self) -> dict[str, Any]:
         return dict(delay=self.delay, threads=self.threads, render=self.render,
                     periodic_renderer=self.periodic_renderer, use_errortrace=self.use_errortrace,
-                    order=self.order, memory=self.memory)
+                    order=self.order, memory=self.memory, subprocesses=self.subprocesses)
 
     def _trim(self, snapshots: Snapshots) -> Snapshots:
         # a block has no entry of its own: in a notebook its profile starts at the cell
@@ -520,6 +532,9 @@ class Profiler:
         if group is not None:
             group.__enter__()
             self._group = group
+        self._counter = ChildCounter().__enter__()
+        if self.subprocesses:
+            self._children = ChildProfiles(self.delay, self.threads).__enter__()
         return self
 
     def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
@@ -533,6 +548,12 @@ class Profiler:
         others, self._others = self._others, None
         if others is not None:
             others.__exit__()
+        counter, children = self._counter, self._children
+        self._counter = self._children = None
+        if counter is not None:
+            counter.__exit__()
+        if children is not None:
+            children.__exit__()
         if self._group is not None:
             self._group.__exit__(exc_type, exc, tb)
             self._group = None
@@ -542,8 +563,13 @@ class Profiler:
         sampler.stop()
         self.sampler = None
         self.snapshots = self._trim(sampler.get_snapshots())
-        if others is not None and others.extra():
-            self.snapshots = _with_run_extra(self.snapshots, others.extra())
+        kids = children.collect(self._trim) if children is not None else []
+        extra = {**(others.extra() if others is not None else {}),
+                 **(counter.extra(profiled=len(kids)) if counter is not None else {})}
+        if extra:
+            self.snapshots = _with_run_extra(self.snapshots, extra)
+        if kids:
+            self.snapshots = merge(self.snapshots, *kids)
         self.profile = analyze_samples(self.snapshots)
         if exc is not None:
             print(f"stackshot: the profiled code raised {_one_line(exc)}; "
@@ -605,6 +631,7 @@ def profile(
     use_errortrace: bool = False,
     order: str = "topological",
     memory: Optional[float] = None,
+    subprocesses: bool = False,
 ) -> Union[Profiler, Callable[..., Any]]:
     """Profile a block (``with profile() as p:``) or every call of a function.
 
@@ -614,7 +641,7 @@ def profile(
     they mean for :func:`profile_thunk`; ``render=None`` only collects.
     """
     p = Profiler(delay=delay, threads=threads, render=render, periodic_renderer=periodic_renderer,
-                 use_errortrace=use_errortrace, order=order, memory=memory)
+                 use_errortrace=use_errortrace, order=order, memory=memory, subprocesses=subprocesses)
     return p if func is None else p(func)
 
 
@@ -629,6 +656,7 @@ def profile_thunk(
     use_errortrace: bool = False,
     order: str = "topological",
     memory: Optional[float] = None,
+    subprocesses: bool = False,
 ) -> Optional[T]:
     """Run ``thunk()`` ``repeat`` times under a sampler, render the profile, return the
     last call's value (``None`` when ``repeat`` is 0).
@@ -645,7 +673,11 @@ def profile_thunk(
     and the profile is in estimated bytes allocated (``unit='B'``; its ``'wall'``
     view, bytes still live, is in ``p.snapshots``).  An exception from the thunk stops the
     repetitions, is reported on stderr, and is re-raised after the profile is
-    rendered.  Every argument is checked before the thunk runs.
+    rendered.  ``subprocesses=True``: the child processes the thunk starts that run
+    Python (``os.fork``, ``multiprocessing``, ``subprocess``) are profiled too, and
+    merged in, each child's threads named with its pid (see :mod:`stackshot.children`);
+    without it the report says how many child processes ran unprofiled.  Every
+    argument is checked before the thunk runs.
     """
     if not callable(thunk):
         raise TypeError(f"profile_thunk() needs a callable taking no arguments, "
@@ -654,7 +686,7 @@ def profile_thunk(
         raise ValueError(f"repeat must be an integer >= 0, not {repeat!r}")
     session = Profiler(delay=delay, threads=threads, render=render,
                        periodic_renderer=periodic_renderer, use_errortrace=use_errortrace,
-                       order=order, entries=(_run_thunk,), memory=memory)
+                       order=order, entries=(_run_thunk,), memory=memory, subprocesses=subprocesses)
     result: Optional[T] = None
     with session:
         for _ in range(repeat):

@@ -21,7 +21,7 @@ import pytest
 
 from export_consumers import need_program
 from sampler.snapshot import Snapshots
-from test_cli import BUSY, SPIN, TIMEOUT, analyzer, env, stackshot, write
+from test_cli import BUSY, SPIN, TIMEOUT, analyzer, env, run, stackshot, write
 from test_export_pprof import go_pprof, top_rows
 
 
@@ -268,6 +268,111 @@ def test_subprocesses_profiles_forked_children_in_one_profile_with_a_view_per_pr
         f.name for f in Snapshots.load(tmp_path / "alone.stackshot").frames}
 
 
+EVERY_KIND = SPIN + """
+import multiprocessing, os, subprocess, sys
+
+def spawned_work():
+    spin(0.1)
+
+def forkserved_work():
+    spin(0.1)
+
+CHILD = "import sys, time\\ndef run_python_work():\\n    end = time.thread_time() + 0.1\\n" \\
+        "    while time.thread_time() < end: pass\\nrun_python_work()\\n" \\
+        "print(getattr(sys.modules.get('sitecustomize'), 'MINE', 'no own sitecustomize'))"
+
+if __name__ == "__main__":
+    for method, work in (("spawn", spawned_work), ("forkserver", forkserved_work)):
+        p = multiprocessing.get_context(method).Process(target=work)
+        p.start()
+        p.join()
+    subprocess.run([sys.executable, "-c", CHILD], check=True)
+    subprocess.run(["true"], check=True)  # not Python: never profiled
+    spin(0.05)
+    print("done", flush=True)
+"""
+
+
+def test_subprocesses_reaches_new_interpreters_spawn_forkserver_and_subprocess(tmp_path):
+    script = write(tmp_path / "every.py", EVERY_KIND)
+    own = tmp_path / "own"  # the user's own sitecustomize still runs in the children
+    own.mkdir()
+    write(own / "sitecustomize.py", "MINE = 'own sitecustomize ran'\n")
+    saved = tmp_path / "every.stackshot"
+    environ = dict(env(), PYTHONPATH=env()["PYTHONPATH"] + ":" + str(own))
+    proc = subprocess.run([sys.executable, "-m", "sampler", "--subprocesses", "-o", saved,
+                           "--format", "text", script], capture_output=True, text=True,
+                          env=environ, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "own sitecustomize ran\ndone\n"
+    assert proc.stderr.count("Profiling results") == 1
+    assert "1 child process ran unprofiled" in proc.stderr  # `true`
+    snaps = Snapshots.load(saved)
+    frames = {f.name for f in snaps.frames}
+    assert {"spawned_work", "forkserved_work", "run_python_work"} <= frames
+    pids = {r.pid for r in snaps.runs}
+    assert len(pids) == 4  # the program and its three Python children; not the helpers
+    child_threads = [t.name for t in snaps.threads if "(pid " in t.name]
+    assert len(child_threads) == 3 and all(n.startswith("MainThread (pid ") for n in child_threads)
+    assert "stackshot-children-" not in proc.stderr and "sitecustomize" not in frames
+
+
+def test_without_subprocesses_every_kind_of_child_is_counted_once(tmp_path):
+    script = write(tmp_path / "every.py", EVERY_KIND)
+    saved = tmp_path / "every.stackshot"
+    proc = stackshot("-o", saved, "--format", "text", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "no own sitecustomize\ndone\n"
+    assert "4 child processes ran unprofiled" in proc.stderr
+    assert len({r.pid for r in Snapshots.load(saved).runs}) == 1
+
+
+API_KIDS = SPIN + """
+import multiprocessing, os, sys
+from stackshot import profile, profile_thunk
+
+def spawned_work():
+    spin(0.1)
+
+def program():
+    p = multiprocessing.get_context("spawn").Process(target=spawned_work)
+    p.start()
+    p.join()
+    pid = os.fork()
+    if pid == 0:
+        spin(0.1)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return "value"
+
+def views(s):
+    \"\"\"Each thread of a child's run is named with its pid; the parent's are not.\"\"\"
+    me = os.getpid()
+    for t in s.threads:
+        pid = s.runs[t.run].pid
+        assert (f"(pid {pid})" in t.name) == (pid != me), (t.name, pid, me)
+    return sum(1 for t in s.threads if s.runs[t.run].pid != me)
+
+if __name__ == "__main__":
+    with profile(subprocesses=True, render=None) as p:
+        program()
+    s = p.snapshots
+    print(len({r.pid for r in s.runs}), s.runs[0].extra.get("child_processes", 0), views(s) >= 1)
+    print(profile_thunk(program, subprocesses=True, render=None))
+    with profile(render=None) as p:
+        program()
+    print(len({r.pid for r in p.snapshots.runs}), p.snapshots.runs[0].extra.get("child_processes", 0))
+"""
+
+
+def test_the_api_profiles_child_processes_too(tmp_path):
+    script = write(tmp_path / "api_kids.py", API_KIDS)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env(), timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["3 0 True", "value", "1 2"]
+
+
 def test_engine_is_passed_only_when_given_and_a_refusal_is_one_line(tmp_path, busy):
     plain = stackshot(busy)
     assert plain.returncode == 0, plain.stderr  # no --engine: the sampler's own choice
@@ -278,3 +383,46 @@ def test_engine_is_passed_only_when_given_and_a_refusal_is_one_line(tmp_path, bu
         assert proc.returncode == 2 and proc.stdout == ""
         (line,) = proc.stderr.splitlines()
         assert line.startswith("stackshot: --engine python: ")
+
+
+GROWS = SPIN + """
+import sys
+def grows(n):
+    return spin(n)
+def steady():
+    return spin(0.05)
+grows(float(sys.argv[1])); steady()
+"""
+
+
+def test_two_runs_compare_with_python_m_stackshot_diff(tmp_path):
+    script = write(tmp_path / "grows.py", GROWS)
+    before, after = tmp_path / "before.stackshot", tmp_path / "after.stackshot"
+    assert stackshot("-o", before, script, "0.02").returncode == 0
+    assert stackshot("-o", after, script, "0.3").returncode == 0
+    proc = run("stackshot.diff", before, after)
+    assert proc.returncode == 0, proc.stderr
+    header, *rows = proc.stdout.splitlines()
+    assert header.split()[:2] == ["Self", "before"]
+    total_change = {row.split()[-2]: row.split()[5] for row in rows}  # name -> after total
+    assert "grows" in total_change and "steady" in total_change
+    first = rows[0].split()  # the largest change of self time: spin, which grows calls
+    assert first[-2] == "spin" and first[2].startswith("+")
+    missing = run("stackshot.diff", before, tmp_path / "nope.stackshot")
+    assert missing.returncode == 1 and "cannot read" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_diff_profiles_matches_functions_by_name_and_file():
+    from analyzer import analyze_samples
+    from snapshot_builders import snapshots
+    from stackshot.diff import diff_profiles, render_diff
+
+    a = analyze_samples(snapshots([("t", i / 10, i / 10, ["f", "main"]) for i in range(10)]))
+    b = analyze_samples(snapshots([("t", i / 10, i / 10, ["g" if i % 2 else "f", "main"])
+                                   for i in range(30)]))
+    rows = {c.name: c for c in diff_profiles(a, b)}
+    assert rows["g"].self_before == 0 and rows["g"].self_after > 0
+    assert rows["main"].total_after > rows["main"].total_before
+    assert "g" in render_diff(list(rows.values()))
+    with pytest.raises(TypeError, match="two analyzer Profiles"):
+        diff_profiles(a, None)

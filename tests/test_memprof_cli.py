@@ -356,3 +356,10 @@ def test_the_flame_graph_page_shows_bytes_in_a_browser(run, tmp_path):
         assert not any(label.startswith("big") for label in labels)
         assert any(label.startswith("hold") or label == "<listcomp>" for label in labels)
         assert browser.problems() == []
+
+
+def test_profile_memory_refuses_subprocesses():
+    from stackshot import profile
+
+    with pytest.raises(ValueError, match="cannot be combined with subprocesses=True"):
+        profile(memory=1e-4, subprocesses=True)

@@ -37,3 +37,21 @@ def test_the_demo_the_first_command_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("demo: ") and "Caller" not in proc.stdout
     assert "Caller" in proc.stderr and "fingerprint" in proc.stderr  # the report: stderr
+
+
+def test_the_screenshot_is_the_demos_page_made_by_the_documented_command(tmp_path):
+    from export_consumers import need_program
+
+    block = re.search(r"made again by:\n\n```console\n(.*?)\n```", README, re.S)
+    assert block, "the README must say how its screenshot is made"
+    command = block.group(1)
+    assert "-m stackshot.demo" in command and "--screenshot=scribblings/flamegraph.png" in command
+    chromium = need_program("chromium", "chromium")
+    command = command.replace("scribblings/flamegraph.png", str(tmp_path / "shot.png"))
+    command = command.replace("stackshot -o", f"'{sys.executable}' -m stackshot -o", 1)
+    command = command.replace("chromium --headless", f"'{chromium}' --headless --no-sandbox", 1)
+    proc = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=tmp_path,
+                          env=repo_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "demo" in (tmp_path / "demo.html").read_text()
+    assert (tmp_path / "shot.png").read_bytes().startswith(b"\x89PNG")

@@ -49,8 +49,10 @@ def test_a_small_apps_default_report_fits_a_screen_and_100_columns(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = proc.stderr
     lines = report.splitlines()
-    assert len(lines) <= 80, report
+    assert len(lines) <= 50, report  # pass-through wrappers (json's) have no blocks
     assert max(map(len, lines)) <= 100, report
+    for name in ("load", "parse", "analyse", "score", "rank", "report", "spin", "loads"):
+        assert re.search(rf"\b{re.escape(name)}\b", report), name  # every function is named
     assert re.search(r"main app\.py:\d+", report)  # relative to the script's directory
     assert "/lib/python" not in report and str(tmp_path) not in report
     full = stackshot("--hide-self", "0", "--hide-subs", "0", script).stderr
@@ -70,6 +72,33 @@ def test_a_chain_of_negligible_entries_is_hidden_where_racket_keeps_it():
     assert {"start_a", "wait_b", "wait_c"} <= ours and "work" not in ours
     text = render_text(p)
     assert "start_a" not in text and "wait_c" not in text and "work" in text
+
+
+def test_pass_through_entries_are_folded_into_the_rows_that_lead_through_them():
+    # main -> parse -> loads -> decode (all of parse's and loads' time), main -> work
+    samples = [("t", i / 100, i / 100, ["decode", "loads", "parse", "main"] if i % 2 else ["work", "main"])
+               for i in range(100)]
+    p = analyze_samples(snapshots(samples))
+    text = render_text(p)
+    blocks = [line.split()[-2] for line in text.splitlines() if line.startswith(" [")]
+    assert sorted(blocks) == ["decode", "main", "work"]  # parse and loads: no block
+    rows = [line.strip() for line in text.splitlines() if line.startswith("   ")]
+    assert any(r.startswith("parse > loads > decode [") for r in rows)  # main's callee row
+    assert any(r.startswith("main [1] > parse > loads ") for r in rows)  # decode's caller row
+    assert "2 pass-through calls folded" in text
+    every = render_text(p, hide_subs=0)  # every block back
+    assert sorted(line.split()[-2] for line in every.splitlines() if line.startswith(" [")) == [
+        "decode", "loads", "main", "parse", "work"]
+    assert " > " not in every and "pass-through" not in every
+
+
+def test_a_long_chain_of_pass_through_entries_is_shortened_in_the_middle():
+    chain = [f"wrapper_number_{i}" for i in range(12)]
+    p = analyze_samples(snapshots([("t", i / 10, i / 10, ["leaf", *chain, "main"]) for i in range(10)]))
+    lines = render_text(p).splitlines()
+    assert max(map(len, lines)) <= 100
+    (row,) = [line.strip() for line in lines if line.strip().startswith("wrapper_number_11 > ")]
+    assert " > ... > " in row and "leaf [" in row
 
 
 def test_names_tell_entries_apart_in_flat_tables_and_at_line_granularity():

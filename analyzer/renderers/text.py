@@ -13,12 +13,18 @@ A caller row's Local% is the share of this node's time spent when called from th
 caller; a callee row's, the share of this node's time spent in that callee.  Rows
 for the ``*`` root (a thread's entry, a sample's innermost end) are not listed: the
 root has no entry of its own.
+
+A *pass-through* entry -- one caller, one callee that gets all but a negligible
+share of its time, negligible self time (a wrapper: ``loads`` calling
+``JSONDecoder.decode`` calling ``raw_decode``) -- gets no block of its own: its
+block would only repeat its neighbours'.  The rows that lead through it name it
+(``parse > loads > JSONDecoder.decode [7]``), so every function still appears.
 """
 
 from __future__ import annotations
 
 import os
-from typing import IO, Optional, Union
+from typing import IO, Any, Optional, Union
 
 from ..model import Profile
 from .naming import display_names, emit, hidden_chains
@@ -63,8 +69,9 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
             hide_subs: float) -> str:
     out: list[str] = []
     hidden = hidden_chains(profile, hide_self, hide_subs)
-    shown = [n for n in ordered_nodes(profile, order) if n not in hidden]
-    out.extend(_header(profile, len(hidden), hide_self, hide_subs))
+    links = pass_through(profile, hide_self, hide_subs) - hidden
+    shown = [n for n in ordered_nodes(profile, order) if n not in hidden and n not in links]
+    out.extend(_header(profile, len(hidden), hide_self, hide_subs, len(links)))
     if not profile.sample_number and not profile.nodes:
         out.append("")
         out.append("  (no samples)")
@@ -75,8 +82,9 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
         return "\n".join(out) + "\n"
 
     index = {n: i for i, n in enumerate(shown, 1)}
-    names = display_names(profile, shown)
+    names = display_names(profile, [*shown, *links])
     labels = {n: f"{printable(names[n])} [{i}]" for n, i in index.items()}  # hidden nodes, root: absent
+    rows_of = _LinkRows(links, names, labels, WIDTH)
     total = profile.total_time
     ms, digits, unit_name = _table_unit(profile)
 
@@ -93,7 +101,10 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
     # percentage right, still two spaces clear of it
     pct_w = 7  # "100.0%" and a space
     # (at least the header's width: huge times can leave no room within WIDTH)
-    name_w = max(len("Name+src"), min(WIDTH - (lead + 2 + 2 + pct_w), max(len("Name+src"), *map(len, labels.values()))))
+    name_w = max(len("Name+src"), min(WIDTH - (lead + 2 + 2 + pct_w),
+                                      max(len("Name+src"), *map(len, labels.values()),
+                                          *rows_of.widths(shown))))
+    rows_of.room = name_w
     width = max(lead + 2 + name_w + 2 + pct_w, 60)
 
     out.append("")
@@ -110,7 +121,7 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
             out.append(rule)
         whole = n.total or 1.0  # a node with no time has no time on any edge either
         for e in reversed(n.callers):  # heaviest last: right above the node
-            label = labels.get(e.caller)
+            label = rows_of.caller(e.caller)
             if label is not None:
                 out.append(f"{sub_indent}{label:<{name_w}}  {e.caller_time / whole * 100:>6.1f}%")
         # the source gets what is left of the row (all of it with truncate_source=None)
@@ -119,14 +130,15 @@ def _render(profile: Profile, order: str, truncate: Optional[int], hide_self: fl
         out.append(f" {idx:<{idx_w}} {tot:>{tot_w}}  {slf:>{self_w}}  "
                    f"{printable(names[n])} {format_source(n.src, limit)}")
         for e in n.callees:  # heaviest first: right below the node
-            label = labels.get(e.callee)
+            label = rows_of.callee(e.callee)
             if label is not None:
                 out.append(f"{sub_indent}{label:<{name_w}}  {e.callee_time / whole * 100:>6.1f}%")
     out.append("=" * width)
     return "\n".join(out) + "\n"
 
 
-def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float) -> list[str]:
+def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float,
+            n_links: int = 0) -> list[str]:
     total_ms = to_ms(profile, profile.total_time) if profile.quantity == "time" else 0.0
     cpu_ms = to_ms(profile, profile.cpu_time) if profile.quantity == "time" else 0.0
     lines = ["Profiling results", "-----------------"]
@@ -158,7 +170,76 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
     if n_hidden:
         lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
                      f"local<={hide_subs * 100:.1f}%: {n_hidden} of {len(profile.nodes)} hidden)")
+    if n_links:
+        lines.append(f"  ({n_links} pass-through {'call' if n_links == 1 else 'calls'} folded into "
+                     "the rows through them, a > b [i]; hide-subs 0 shows them)")
     return lines
+
+
+def pass_through(profile: Profile, hide_self: float, hide_subs: float) -> set:
+    """The nodes whose block would only repeat their neighbours': one caller (not the
+    root: a thread's entry keeps its block), one callee that gets all but ``hide_subs``
+    of its time, self time at most ``hide_self`` of the total.  None with
+    ``hide_subs`` 0, which shows every block."""
+    if hide_subs <= 0 or not profile.total_time:
+        return set()
+    out = set()
+    for n in profile.nodes:
+        callers = n.callers
+        callees = [e for e in n.callees if not e.callee.is_root]
+        if (len(callers) == 1 and not callers[0].caller.is_root and callers[0].caller is not n
+                and len(callees) == 1 and callees[0].callee is not n
+                and callees[0].callee_time >= (1 - hide_subs) * n.total
+                and n.self <= hide_self * profile.total_time):
+            out.add(n)
+    return out
+
+
+class _LinkRows:
+    """The labels of caller and callee rows, through pass-through nodes: a row that
+    leads to a link names the chain up to the next shown entry
+    (``parse > loads > raw_decode [7]``), shortened in the middle to fit."""
+
+    def __init__(self, links: set, names: dict, labels: dict, width: int) -> None:
+        self.links, self.names, self.labels = links, names, labels
+        self.room = width
+
+    def _chain(self, node: Any, step: Any) -> tuple[list[str], Any]:
+        names, seen = [], set()
+        while node in self.links and node not in seen:
+            seen.add(node)
+            names.append(printable(self.names[node]))
+            node = step(node)
+        return names, node
+
+    def callee(self, node: Any) -> Optional[str]:
+        names, end = self._chain(node, lambda n: next(e.callee for e in n.callees if not e.callee.is_root))
+        label = self.labels.get(end)
+        return None if label is None else self._fit(names + [label])
+
+    def caller(self, node: Any) -> Optional[str]:
+        names, end = self._chain(node, lambda n: n.callers[0].caller)
+        label = self.labels.get(end)
+        return None if label is None else self._fit([label] + names[::-1])
+
+    def _fit(self, parts: list[str]) -> str:
+        text = " > ".join(parts)
+        if len(text) <= self.room or len(parts) <= 2:
+            return text
+        for keep in range(len(parts) - 2, 0, -1):  # drop from the middle, keep both ends
+            head, tail = parts[:(keep + 1) // 2], parts[len(parts) - keep // 2 - 1:]
+            text = " > ".join(head + ["..."] + tail)
+            if len(text) <= self.room:
+                return text
+        return " > ".join([parts[0], "...", parts[-1]])
+
+    def widths(self, shown: list) -> list[int]:
+        """How wide the rows through links of the shown entries would be, unshortened."""
+        out = []
+        for n in shown:
+            out += [len(x) for x in (self.callee(e.callee) for e in n.callees) if x]
+            out += [len(x) for x in (self.caller(e.caller) for e in n.callers) if x]
+        return out
 
 
 def _period(profile: Profile, total_ms: float) -> str:
