@@ -271,13 +271,19 @@ def serve_forever():
 serve_forever()
 """)
     saved = tmp_path / "interrupted.stackshot"
+    # faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack
     proc = subprocess.Popen([sys.executable, "-m", "sampler", "-o", str(saved), "--format",
                              "flat", str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env())
+                            stderr=subprocess.PIPE, text=True, env=dict(env(), PYTHONFAULTHANDLER="1"))
     try:
         assert proc.stdout.readline() == "serving\n"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=TIMEOUT)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"hung after SIGINT; its threads:\n{err}")
     finally:
         proc.kill()
     assert proc.returncode == 130
