@@ -20,6 +20,7 @@ from typing import Any, Hashable, Iterable, NamedTuple, Optional
 
 from .clocks import native_id_of, native_id_of_ident, remember_calling_thread
 from .groups import ThreadGroup, _finished, generation
+from .patched import is_thread, os_thread_view, owner_of, remember_calling_os_thread
 
 try:
     import greenlet as _greenlet_module
@@ -79,7 +80,7 @@ def flatten(to_track: Any) -> tuple:
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", depth + 1)
-        elif isinstance(value, (threading.Thread, ThreadGroup, _AllThreads)) or is_greenlet(value):
+        elif isinstance(value, (ThreadGroup, _AllThreads)) or is_thread(value) or is_greenlet(value):
             leaves.append(value)
         else:
             where = f" at {path}" if path != "to_track" else ""
@@ -113,13 +114,14 @@ class Tracker:
     def __init__(self, leaves: Iterable[Any]) -> None:
         self.leaves = tuple(leaves)
         self.all_threads = any(isinstance(x, _AllThreads) for x in self.leaves)
-        self.threads = [x for x in self.leaves if isinstance(x, threading.Thread)]
+        self.threads = [x for x in self.leaves if is_thread(x)]
         self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
         self.greenlets = [x for x in self.leaves if is_greenlet(x)]
         # greenlet -> [id of its outermost frame, ident of the thread it was seen
         # in, the codes it can start in (known before it starts)]
         self._greenlet_places: dict[Any, list[Any]] = {}
         remember_calling_thread()
+        remember_calling_os_thread()
         # the cached thread targets: (ident, Thread object or None, Target)
         self._entries: list[tuple[int, Any, Target]] = []
         self._signature: Any = None
@@ -146,7 +148,7 @@ class Tracker:
         active = getattr(threading, "_active", {})
         if self.all_threads:
             idents = list(frames)
-            signature = (idents, list(map(active.get, idents)))
+            signature = (idents, [owner_of(i, active) for i in idents])
         else:
             signature = (generation(), [t.ident for t in self.threads])
         if signature != self._signature:
@@ -156,7 +158,7 @@ class Tracker:
         stale = False
         for ident, owner, target in self._entries:
             frame = frames.get(ident)
-            if frame is None or active.get(ident) is not owner:
+            if frame is None or owner_of(ident, active) is not owner:
                 stale = True  # exited (or its ident was reused): rebuild next tick
                 continue
             out.append((target, frame))
@@ -181,7 +183,7 @@ class Tracker:
         if self.all_threads:
             for ident in frames:
                 if ident not in collector_idents:
-                    t = active.get(ident)
+                    t = owner_of(ident, active)
                     entries.append((ident, t, thread_target(t, ident)))
             return entries, True
         threads = list(self.threads)
@@ -189,15 +191,16 @@ class Tracker:
             threads.extend(group.threads())
         seen: set[int] = set()
         complete = True
-        for t in threads:
-            ident = t.ident
+        for tracked in threads:
+            # (under gevent's patching, the OS thread it runs in, named as such)
+            ident, t = os_thread_view(tracked, frames, active)
             if ident is None or ident in seen or ident in collector_idents:
                 continue
             if ident not in frames:
                 if not _finished(t):
                     complete = False  # starting: look again next tick
                 continue
-            owner = active.get(ident)
+            owner = owner_of(ident, active)
             if (owner is not None and owner is not t) or (owner is None and not t.is_alive()):
                 continue  # finished; its ident now belongs to another thread
             seen.add(ident)

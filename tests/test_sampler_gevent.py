@@ -1,0 +1,120 @@
+"""Programs monkey-patched by gevent, profiled for real (each in a fresh interpreter:
+patching is process-wide).  After ``patch_all()`` the main thread, the current thread
+and every entry point are accepted, and the profile names the OS threads."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from run_helpers import REPO, repo_env
+
+pytest.importorskip("gevent")
+
+
+def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (this checkout importable); fail on a
+    non-zero exit with its stderr."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
+                          text=True, timeout=timeout, env=repo_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_after_patch_all_the_main_and_current_threads_are_sampled_as_the_os_thread():
+    proc = run_python("""
+        from gevent import monkey; monkey.patch_all()
+        import threading, gevent, sampler
+        from stackshot import profile, profile_thunk
+        from tests.sampling_helpers import spin_until_sampled
+
+        real = (monkey.get_original('_thread', 'get_native_id')(), 'thread')
+
+        def sampled(what):
+            ctl = sampler.create_sampler(what, 0.001)
+            spin_until_sampled(ctl, 20)
+            ctl.stop()
+            snaps = ctl.get_snapshots()
+            assert not ctl.errors, ctl.errors
+            return [(t.name, t.native_id, t.kind) for t in snaps.threads]
+
+        assert sampled(threading.main_thread()) == [('MainThread',) + real]
+        assert sampled(threading.current_thread()) == [('MainThread',) + real]
+        # a greenlet's current_thread() is a gevent dummy: it names the OS thread
+        # it runs in, which is the main thread's
+        assert gevent.spawn(lambda: sampled(threading.current_thread())).get() == [('MainThread',) + real]
+        assert sampled(sampler.ALL_THREADS) == [('MainThread',) + real]
+
+        with profile(render=None) as p:
+            ctl = p  # the Profiler samples the calling thread
+            import time
+            end = time.thread_time() + 0.1
+            while time.thread_time() < end:
+                pass
+        assert [t.name for t in p.snapshots.threads] == ['MainThread'], p.snapshots.threads
+        assert len(p.snapshots) > 0
+        shown = []
+        assert profile_thunk(lambda: sum(range(10 ** 6)), render=shown.append) == sum(range(10 ** 6))
+        assert len(shown) == 1
+        print('ok')
+    """)
+    assert proc.stdout.strip() == "ok"
+
+
+SELF_PATCHING_SCRIPT = """
+from gevent import monkey; monkey.patch_all()
+import gevent, json, sys, time
+
+def work(cpu_seconds):
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
+        sum(range(1000))
+
+def worker(cpu_seconds):
+    start = time.thread_time()
+    work(cpu_seconds)
+    return time.thread_time() - start
+
+def main():
+    spent = sum(g.get() for g in gevent.joinall([gevent.spawn(worker, 0.4), gevent.spawn(worker, 0.4)]))
+    json.dump({'work': spent}, open(sys.argv[1], 'w'))
+
+main()
+"""
+
+
+def _speedscope_cpu(path):
+    """Per profile (thread): its name, its CPU seconds, and those under ``work``."""
+    doc = json.loads(path.read_text())
+    frames = doc["shared"]["frames"]
+    out = {}
+    for prof in doc["profiles"]:
+        total = sum(prof["weights"])
+        work = sum(w for s, w in zip(prof["samples"], prof["weights"])
+                   if any(frames[i]["name"] == "work" for i in s))
+        scale = 1e-3 if prof.get("unit") == "milliseconds" else 1e-6 if prof.get("unit") == "microseconds" else 1
+        out[prof["name"]] = (total * scale, work * scale)
+    return out
+
+
+@pytest.mark.parametrize("all_threads", [False, True], ids=["main-thread", "all-threads"])
+def test_the_cli_profiles_the_whole_run_of_a_script_that_patches_itself(tmp_path, all_threads):
+    script = tmp_path / "server.py"
+    script.write_text(SELF_PATCHING_SCRIPT)
+    truth_file, out = tmp_path / "truth.json", tmp_path / "profile.speedscope.json"
+    args = ["-m", "stackshot", "-o", str(out)] + (["--all-threads"] if all_threads else [])
+    proc = subprocess.run([sys.executable, *args, str(script), str(truth_file)], capture_output=True,
+                          text=True, timeout=120, env=repo_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    truth = json.loads(truth_file.read_text())["work"]
+    profiles = _speedscope_cpu(out)
+    # one entry: the main OS thread, under its own name, before and after the patch
+    assert len(profiles) == 1 and next(iter(profiles)).startswith("MainThread"), list(profiles)
+    total, work = next(iter(profiles.values()))
+    # The work runs after the patch: before the fix only the import phase was seen
+    # (tens of ms).  Each sample carries the CPU used since the last one, so the
+    # sum is the thread's CPU time over the run, whatever the sample count.
+    assert work > 0.8 * truth, (work, truth, proc.stderr[-2000:])
+    assert total >= work
