@@ -18,35 +18,46 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_tracked_greenlet_is_sampled_only_while_it_runs():
+    # Deterministic on a loaded machine: no count of samples in a fixed time.  Each
+    # turn of the tracked greenlet runs until the sampler has recorded 3 more samples
+    # (at least 2 of them while it ran: one more may be the idle marker of the tick
+    # that saw it switched out); the other greenlet's turns are never sampled.
+    ctl = None
+    rounds = 12
+
+    def grow_by(n):
+        goal = len(ctl.get_snapshots()) + n
+        wait_until(lambda: spin(0.002) is not None and len(ctl.get_snapshots()) >= goal,
+                   what=f"{goal} samples")
+
     def tracked_work():
-        for _ in range(20):
-            spin(0.004)
+        main.switch()  # started before the sampler: it knows where the greenlet lives
+        for _ in range(rounds):
+            grow_by(3)
             main.switch()
 
     def other_work():
-        for _ in range(20):
+        for _ in range(rounds):
             spin(0.004)
             main.switch()
 
     main = greenlet.getcurrent()
     tracked = greenlet.greenlet(tracked_work)
     other = greenlet.greenlet(other_work)
-    tracked.switch()  # start it, so that the sampler sees where it lives
+    tracked.switch()
     ctl = create_sampler(tracked, 0.0005)
-    waited = False
+    tracked.switch()
+    # it ran and was sampled; now it is switched out: let the sampler tick (however
+    # loaded the machine), so that it sees it switched out
+    ticks = ctl.get_snapshots().runs[0].ticks
+    wait_until(lambda: ctl.get_snapshots().runs[0].ticks > ticks + 2, what="ticks")
     while not tracked.dead:
-        tracked.switch()
-        if not waited and len(ctl.get_snapshots()) > 0:
-            # it ran and was sampled; now it is switched out: let the sampler tick
-            # (however loaded the machine), so that it sees it switched out
-            ticks = ctl.get_snapshots().runs[0].ticks
-            wait_until(lambda: ctl.get_snapshots().runs[0].ticks > ticks + 2)
-            waited = True
         if not other.dead:
             other.switch()
+        tracked.switch()
     ctl.stop()
     snaps = ctl.get_snapshots()
-    assert len(snaps) > 20
+    assert sum(1 for s in snaps.sample_stack if s) >= 2 * rounds
     assert {t.kind for t in snaps.threads} == {"greenlet"}
     seen = set()
     for sid in snaps.sample_stack:
