@@ -186,12 +186,14 @@ class Sampler:
         self._sync()
         if not self._forked:
             c.join(_STOP_TIMEOUT)
+        c.tracker.release()  # the greenlet switch hook (sampler.greenlets)
 
     def set_tracked(self, to_track: Any) -> None:
         """Track something else; a number changes the delay (Racket's documented form)."""
         if isinstance(to_track, numbers.Real) and not isinstance(to_track, bool):
             return self.set_delay(to_track)
-        self._collector.tracker = Tracker(flatten(to_track))
+        old, self._collector.tracker = self._collector.tracker, Tracker(flatten(to_track))
+        old.release()
         self._collector.wake()
 
     def set_delay(self, delay: float) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Hashable, Iterable, NamedTuple, Optional
 
 from .clocks import native_id_of, native_id_of_ident, remember_calling_thread
 from .groups import ThreadGroup, _finished, generation
+from . import greenlets as _switches
 from .patched import is_thread, os_thread_view, owner_of, remember_calling_os_thread
 
 try:
@@ -127,6 +128,15 @@ class Tracker:
         self._signature: Any = None
         for g in self.greenlets:
             self._learn_place(g, threading.get_ident())
+        # Which greenlet runs at each sample, in this thread (the hook is per thread).
+        self.switch_hook = (_switches.attach() if self.all_threads or self.threads or self.groups
+                            else None)
+
+    def release(self) -> None:
+        """Give back the greenlet switch hook (when the sampler stops or tracks
+        something else); idempotent."""
+        hook, self.switch_hook = self.switch_hook, None
+        _switches.release(hook)
 
     def _learn_place(self, g: Any, current_ident: int) -> None:
         """Find where ``g`` lives now, if that can be seen from here."""
@@ -164,10 +174,14 @@ class Tracker:
             out.append((target, frame))
         if stale:
             self.invalidate()
-        for g in self.greenlets:
-            pair = self._greenlet_target(g, frames)
-            if pair is not None:
-                out.append(pair)
+        if self.greenlets:
+            # A greenlet whose thread is tracked is sampled with it, under a context
+            # of its own (see Recorder.append_sample): never twice.
+            hosts = {t.ident for t, _ in out}
+            for g in self.greenlets:
+                pair = self._greenlet_target(g, frames)
+                if pair is not None and not (self.all_threads or pair[0].ident in hosts):
+                    out.append(pair)
         return out
 
     def invalidate(self) -> None:
@@ -257,6 +271,9 @@ def _weak_key(obj: Any) -> Hashable:
 
 def key_has_ended(key: Hashable) -> bool:
     """Whether the context of a target key has ended for good."""
+    if isinstance(key, tuple) and key[0] == "greenlet":  # (see Recorder._greenlet_context)
+        g = key[2].ref()
+        return g is None or bool(getattr(g, "dead", True))
     if isinstance(key, weakref.ref):
         obj = key()
         if obj is None:
