@@ -1,6 +1,8 @@
 """Greenlets and gevent, for real: the collector is an OS thread, a greenlet is
 sampled only while it runs."""
 
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -227,3 +229,56 @@ def test_each_greenlet_of_a_tracked_thread_gets_its_own_share_of_its_cpu():
     for name, true in truth.items():
         share, true_share = times[name] / measured, true / total_truth
         assert abs(share - true_share) <= max(0.02, margin), (name, share, true_share, margin, times, truth)
+
+
+def _switching_greenlets_snapshots():
+    """Snapshots of a thread whose two greenlets switch back and forth."""
+    def ping():
+        while True:
+            spin(0.003)
+            main.switch()
+
+    main = greenlet.getcurrent()
+    pinger = greenlet.greenlet(ping)
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    while len({t.kind for t in ctl.get_snapshots().threads}) < 2:
+        pinger.switch()
+        spin(0.003)
+    ctl.stop()
+    return ctl.get_snapshots()
+
+
+def test_the_greenlet_table_survives_a_file_and_a_hostile_one_is_refused(tmp_path):
+    from analyzer.greenlets import greenlets_of
+    from sampler import SnapshotError, Snapshots
+    from sampler.snapshot import RunInfo
+
+    snaps = _switching_greenlets_snapshots()
+    before = greenlets_of(snaps)
+    assert [g.name.rpartition(".")[2] for g in before.values()] == ["ping"]
+    assert all(g.greenlet and g.thread == 0 and g.parent == 0 for g in before.values())
+    snaps.save(tmp_path / "ok.stackshot")
+    assert greenlets_of(Snapshots.load(tmp_path / "ok.stackshot")) == before
+    # a file from before greenlet tables: contexts known, ids not
+    old = Snapshots(frames=snaps.frames, stack_frame=snaps.stack_frame, stack_parent=snaps.stack_parent,
+                    threads=snaps.threads, sample_thread=snaps.sample_thread,
+                    sample_stack=snaps.sample_stack, sample_wall=snaps.sample_wall,
+                    sample_cpu=snaps.sample_cpu, runs=[RunInfo()])
+    assert [(g.name, g.greenlet, g.parent) for g in greenlets_of(old).values()] == [
+        (g.name, None, None) for g in before.values()]
+    content = gzip.decompress((tmp_path / "ok.stackshot").read_bytes())
+    magic, version, header_line, rest = content.split(b"\n", 3)
+    n = int(header_line.split()[1])
+    for bad, message in ((["x"], "is ['x'], not an object"),
+                         ({"1": [1, 2]}, "[1] is [1, 2], not [greenlet id, parent, thread]"),
+                         ({"a": [1, 2, 3]}, "has the key 'a', not a thread id"),
+                         ({"1": [1, -2, 3]}, "not [greenlet id, parent, thread]")):
+        header = json.loads(rest[:n])
+        header["runs"][0]["extra"]["greenlets"] = bad
+        hb = json.dumps(header).encode()
+        (tmp_path / "bad.stackshot").write_bytes(gzip.compress(
+            b"\n".join([magic, version, b"header %d" % len(hb)]) + b"\n" + hb + rest[n:]))
+        with pytest.raises(SnapshotError) as info:
+            Snapshots.load(tmp_path / "bad.stackshot")
+        assert "runs[0].extra.greenlets" in str(info.value) and message in str(info.value), info.value
+        assert "\n" not in str(info.value)
