@@ -146,22 +146,17 @@ class SwitchHook:
     def __call__(self, event: str, args: Any) -> None:
         if self.users and (event == "switch" or event == "throw"):
             try:
-                origin, target = args
+                target = args[1]
                 rec = _records.get(id(target))
                 if rec is None or rec.ref() is not target:
                     rec = record_of(target)
-                self.current = rec
+                origin, self.current = self.current, rec
                 self.log.append((perf_counter_ns(), rec))
                 if not rec.base or not rec.named:
                     # it runs now: its frames are the caller's
                     _learn_base(rec, sys._getframe(0).f_back)
-                old = _records.get(id(origin))
-                if old is not None and old.ref() is origin:
-                    if getattr(origin, "dead", False):
-                        if old.base and _by_base.get(old.base) is old:
-                            del _by_base[old.base]  # its frames are gone; the address may be reused
-                    elif not old.base:
-                        _learn_base(old, origin.gr_frame)  # suspended: read in one go
+                if origin is not None and not origin.base and origin.ref() is args[0]:
+                    _learn_base(origin, args[0].gr_frame)  # suspended: read in one go
             except Exception:  # a profiler's trouble never reaches the program
                 pass
         if self.previous is not None:
@@ -213,8 +208,17 @@ def running_in(ident: Optional[int]) -> Optional[GreenletRecord]:
 
 
 def at_base(base: int) -> Optional[GreenletRecord]:
-    """The live greenlet whose outermost frame is at address ``base``, if known."""
-    return _by_base.get(base)
+    """The live greenlet whose outermost frame is at address ``base``, if known
+    (a greenlet that has finished no longer names its address, which new frames
+    may reuse)."""
+    rec = _by_base.get(base)
+    if rec is not None:
+        g = rec.ref()
+        if g is None or getattr(g, "dead", True):
+            if _by_base.get(base) is rec:
+                del _by_base[base]
+            return None
+    return rec
 
 
 def switch_log(ident: int) -> list:
