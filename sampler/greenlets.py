@@ -54,6 +54,11 @@ LOG_SIZE = 16384
 """Switches remembered per thread, for the native engine's samples filed later."""
 
 
+# Called with each greenlet the first time a hook sees it (when it first runs, or
+# when a greenlet it spawned first runs), in its thread (see groups.GreenletGroup).
+new_greenlet_listeners: "set[Callable[[Any], None]]" = set()
+
+
 class GreenletRecord:
     """What is known of one greenlet (never the greenlet itself: held weakly)."""
 
@@ -109,6 +114,8 @@ def record_of(g: Any) -> GreenletRecord:
     rec = _records.get(id(g))
     if rec is None or rec.ref() is not g:
         rec = _records[id(g)] = GreenletRecord(g)
+        for listener in list(new_greenlet_listeners):
+            listener(g)
     return rec
 
 
@@ -163,6 +170,9 @@ class SwitchHook:
             self.previous(event, args)
 
 
+HOOK_CODE = SwitchHook.__call__.__code__
+
+
 def attach() -> Optional[SwitchHook]:
     """Install (or share) the switch hook of the calling thread; ``None`` without
     greenlet."""
@@ -199,10 +209,12 @@ def release(hook: Optional[SwitchHook]) -> None:
             del _hooks[ident]
 
 
-def running_in(ident: Optional[int]) -> Optional[GreenletRecord]:
-    """The greenlet running in OS thread ``ident`` now (``None``: no hook there)."""
+def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:
+    """The greenlet running in OS thread ``ident`` now (``None``: no hook there, or
+    ``top``, the thread's top frame, is the hook's own: it is switching, and has not
+    yet said to which greenlet)."""
     hook = _hooks.get(ident) if ident is not None else None
-    if hook is None or not hook.users:
+    if hook is None or not hook.users or (top is not None and top.f_code is HOOK_CODE):
         return None
     return hook.current
 
@@ -233,3 +245,8 @@ def running_at(log: list, t_ns: int) -> Optional[GreenletRecord]:
     ``log`` (:func:`switch_log`); ``None`` before the log's first entry."""
     i = bisect_right(log, t_ns, key=lambda entry: entry[0])
     return log[i - 1][1] if i else None
+
+
+def current_greenlet() -> Any:
+    """The greenlet running now (``None`` without greenlet)."""
+    return _greenlet.getcurrent() if _greenlet is not None else None

@@ -367,7 +367,8 @@ class NativeCollector(Steering):
             self._tracker_applied = tracker
             # Started threads alone never change what is read (a thread that exits
             # is dropped by the C thread itself): no need to look again each turn.
-            self._static = not (tracker.all_threads or tracker.groups or tracker.greenlets) and all(
+            self._static = not (tracker.all_threads or tracker.groups or tracker.greenlets
+                                or tracker.greenlet_groups) and all(
                 t.ident is not None for t in tracker.threads)
             frames = sys._current_frames()
             pairs = tracker.targets(frames)
@@ -480,12 +481,15 @@ class NativeCollector(Steering):
         recorder = self.recorder
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
         slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
+        running = self._greenlet_at(slot, base, wall_us)
         if slot.thread is not None:
             ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
-            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, self._greenlet_at(slot, base, wall_us))
+            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, running)
         for target, gbase in slot.greenlets:
             ctx = recorder.context(target, None, wall_us, cpu_us)
-            if gbase == base and sid:
+            # (where a switch hook says which greenlet ran, it must agree: a finished
+            # greenlet's frame address can be reused by the next one's frames)
+            if gbase == base and sid and (running is None or running.ref() is _referent(target.key)):
                 recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
             elif ctx.running and not getattr(_referent(target.key), "dead", True):
                 # switched out: close its interval once

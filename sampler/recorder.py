@@ -371,7 +371,7 @@ class Recorder:
             # that has held it for a whole switch interval (and the collector gives
             # it up nowhere on this path), so every walk saw a still picture.
             for target, ctx, cpu_us, frame, sid, marks in walked:
-                self._store(ctx, sid, marks, wall_us, cpu_us)
+                self._store(ctx, sid, marks, wall_us, cpu_us, frame)
             return
         for attempt in range(3):
             fresh = current_frames()
@@ -379,7 +379,7 @@ class Recorder:
             for target, ctx, cpu_us, frame, sid, marks in walked:
                 now_at = fresh.get(target.ident)
                 if now_at is frame:
-                    self._store(ctx, sid, marks, wall_us, cpu_us)
+                    self._store(ctx, sid, marks, wall_us, cpu_us, frame)
                     continue
                 ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
                 if target.kind == "thread" and now_at is not None and attempt < 2:
@@ -518,10 +518,11 @@ class Recorder:
                 ctx.top = ctx.back = None
                 del self._walked[ctx]
 
-    def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int) -> None:
+    def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int,
+               top: FrameType) -> None:
         ctx.running = True
         self.append_sample(ctx, sid, wall_us, cpu_us, self.mark_set_id(marks) if marks else 0,
-                           running_in(ctx.ident) if ctx.kind == "thread" else None)
+                           running_in(ctx.ident, top) if ctx.kind == "thread" else None)
 
     def forget_dead(self, live_keys: set) -> None:
         """Drop per-context state of contexts that have ended, so that a long run

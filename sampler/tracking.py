@@ -19,7 +19,7 @@ from types import CodeType, FrameType
 from typing import Any, Hashable, Iterable, NamedTuple, Optional
 
 from .clocks import native_id_of, native_id_of_ident, remember_calling_thread
-from .groups import ThreadGroup, _finished, generation
+from .groups import GreenletGroup, ThreadGroup, _finished, generation
 from . import greenlets as _switches
 from .patched import is_thread, os_thread_view, owner_of, remember_calling_os_thread
 
@@ -81,13 +81,13 @@ def flatten(to_track: Any) -> tuple:
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", depth + 1)
-        elif isinstance(value, (ThreadGroup, _AllThreads)) or is_thread(value) or is_greenlet(value):
+        elif isinstance(value, (ThreadGroup, GreenletGroup, _AllThreads)) or is_thread(value) or is_greenlet(value):
             leaves.append(value)
         else:
             where = f" at {path}" if path != "to_track" else ""
             raise TypeError(
                 f"cannot track {value!r}{where}: expected a threading.Thread, a ThreadGroup, "
-                "a greenlet, sampler.ALL_THREADS, or a list of them"
+                "a greenlet, a GreenletGroup, sampler.ALL_THREADS, or a list of them"
             )
 
     walk(to_track, "to_track", 0)
@@ -118,6 +118,7 @@ class Tracker:
         self.threads = [x for x in self.leaves if is_thread(x)]
         self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
         self.greenlets = [x for x in self.leaves if is_greenlet(x)]
+        self.greenlet_groups = [x for x in self.leaves if isinstance(x, GreenletGroup)]
         # greenlet -> [id of its outermost frame, ident of the thread it was seen
         # in, the codes it can start in (known before it starts)]
         self._greenlet_places: dict[Any, list[Any]] = {}
@@ -174,11 +175,18 @@ class Tracker:
             out.append((target, frame))
         if stale:
             self.invalidate()
-        if self.greenlets:
+        greenlets = self.greenlets
+        if self.greenlet_groups:
+            greenlets = list(dict.fromkeys(greenlets + [g for group in self.greenlet_groups
+                                                        for g in group.greenlets()]))
+            if len(self._greenlet_places) > 2 * len(greenlets) + 16:
+                self._greenlet_places = {g: p for g, p in self._greenlet_places.items()
+                                         if not g.dead}
+        if greenlets:
             # A greenlet whose thread is tracked is sampled with it, under a context
             # of its own (see Recorder.append_sample): never twice.
             hosts = {t.ident for t, _ in out}
-            for g in self.greenlets:
+            for g in greenlets:
                 pair = self._greenlet_target(g, frames)
                 if pair is not None and not (self.all_threads or pair[0].ident in hosts):
                     out.append(pair)
@@ -240,9 +248,12 @@ class Tracker:
             frame = frames[ident]
             bottom = _bottom(frame)
             if place[0] is None:
-                # Never seen switched out: the thread running a greenlet that starts
-                # in g's run function is running g, since g is running somewhere.
-                if bottom is None or bottom.f_code not in run_codes:
+                # Never seen switched out: the thread whose switch hook says it runs
+                # g (sampler.greenlets), or running a greenlet that starts in g's
+                # run function, is running g, since g is running somewhere.
+                running = _switches.running_in(ident, frame)
+                if bottom is None or not (
+                        (running is not None and running.ref() is g) or bottom.f_code in run_codes):
                     continue
                 place[0] = id(bottom)
             if id(bottom) == place[0]:

@@ -187,3 +187,37 @@ def test_a_gevent_servers_handlers_get_their_true_cpu_shares_and_the_hub_idles(t
     assert "Hub" in greenlets, greenlets
     assert sum(g.endswith("(handle)") for g in greenlets) == 4, greenlets
     assert all(g == "Hub" or g.endswith(("(handle)", "(client)")) for g in greenlets), greenlets
+
+
+def test_a_greenlet_group_under_gevent_follows_spawning_greenlet():
+    proc = run_python("""
+        from gevent import monkey; monkey.patch_all()
+        import gevent, sampler
+        from tests.sampling_helpers import spin
+
+        def child():
+            spin(0.05)
+
+        def job():
+            gevent.sleep(0.001)  # spawns once the block is left
+            gevent.spawn(child).join()
+
+        def outsider():
+            spin(0.05)
+
+        group = sampler.GreenletGroup("requests")
+        ctl = sampler.create_sampler(group, 0.001)
+        with group:
+            jobs = [gevent.spawn(job) for _ in range(2)]
+            gevent.sleep(0)  # they start: members
+        out = gevent.spawn(outsider)  # spawned by a non-member, after the block
+        gevent.joinall(jobs + [out])
+        ctl.stop()
+        group.close()
+        snaps = ctl.get_snapshots()
+        names = {f.name for sid in set(snaps.sample_stack) for f in snaps.stack_frames(sid)}
+        assert "child" in names and "outsider" not in names, names
+        assert not ctl.errors, ctl.errors
+        print("ok")
+    """)
+    assert proc.stdout.strip() == "ok"

@@ -282,3 +282,42 @@ def test_the_greenlet_table_survives_a_file_and_a_hostile_one_is_refused(tmp_pat
             Snapshots.load(tmp_path / "bad.stackshot")
         assert "runs[0].extra.greenlets" in str(info.value) and message in str(info.value), info.value
         assert "\n" not in str(info.value)
+
+
+def test_a_greenlet_group_tracks_what_its_members_spawn_later_and_nothing_else():
+    from sampler import GreenletGroup
+
+    group = GreenletGroup("jobs")
+    main = greenlet.getcurrent()
+    ctl = None
+
+    def child():
+        spin_until_sampled(ctl, len(ctl.get_snapshots()) + 5)
+
+    def job():
+        main.switch()  # first run inside the block; spawns later, outside it
+        greenlet.greenlet(child).switch()
+
+    def outsider():
+        spin(0.02)
+
+    with group:
+        jobs = [greenlet.greenlet(job) for _ in range(2)]
+        for j in jobs:
+            j.switch()
+    assert set(group.greenlets()) == set(jobs)
+    ctl = create_sampler(group, 0.001)
+    greenlet.greenlet(outsider).switch()  # spawned by a non-member, after the block
+    for j in jobs:
+        j.switch()
+    ctl.stop()
+    group.close()
+    snaps = ctl.get_snapshots()
+    assert not ctl.errors
+    names = set()
+    for sid in snaps.sample_stack:
+        names.update(f.name.rpartition(".")[2] for f in snaps.stack_frames(sid))
+    assert "child" in names and "outsider" not in names, names
+    assert {t.kind for t in snaps.threads} == {"greenlet"}
+    with pytest.raises(TypeError, match="GreenletGroup.add takes a greenlet"):
+        group.add(threading.current_thread())
