@@ -39,7 +39,10 @@ from .greenlets import GreenletRecord, running_in
 from .tracking import Target, key_has_ended
 
 _MAX_DELTA = OVERFLOW - 1
-_REWRITTEN = frozenset({"Hub.run", "SwitchHook.__call__"})  # top frames (see _rewrite)
+# Top frames rewritten (see _rewrite), by qualified name and, before 3.11, plain name.
+_HOOK_NAMES = frozenset({"SwitchHook.__call__", "__call__"})
+_HUB_NAMES = frozenset({"Hub.run", "run"})
+_REWRITTEN = _HOOK_NAMES | _HUB_NAMES
 GREENLETS_KEY = "greenlets"
 """In a run's ``extra``: ``{context id: [greenlet id, parent's context id, thread's
 context id]}`` for the contexts of greenlets met in tracked threads; context ids are
@@ -288,12 +291,12 @@ class Recorder:
         there) is ``<hub idle>``."""
         frames = self._trie.frames
         frame = frames[self.stack_frame[stack_id]]
-        if frame.name == "SwitchHook.__call__" and _is_file(frame, "sampler/greenlets.py"):
+        if frame.name in _HOOK_NAMES and _is_file(frame, "sampler/greenlets.py"):
             stack_id = self.stack_parent[stack_id]
             if not stack_id:
                 return 0, False
             frame = frames[self.stack_frame[stack_id]]
-        if frame.name == "Hub.run" and _is_file(frame, "gevent/hub.py"):
+        if frame.name in _HUB_NAMES and _is_file(frame, "gevent/hub.py"):
             return self._trie.stack_id(0, self._trie.frame_id(HUB_IDLE)), True
         return stack_id, False
 

@@ -78,8 +78,11 @@ def cpu_by_function(snaps):
     for i, sid in enumerate(snaps.sample_stack):
         if not sid:
             continue
-        names = [f.name for f in snaps.stack_frames(sid)]
-        hub_run = hub_run or names[0] == "Hub.run"  # Hub.run with self time
+        frames = snaps.stack_frames(sid)
+        names = [f.name for f in frames]
+        # Hub.run with time of its own (named 'run' before Python 3.11)
+        hub_run = hub_run or (names[0] in ("Hub.run", "run")
+                              and frames[0].filename.replace("\\", "/").endswith("gevent/hub.py"))
         for name in out:
             if name in names:
                 out[name] += deltas[i] / 1e6
