@@ -52,12 +52,8 @@ def test_after_patch_all_the_main_and_current_threads_are_sampled_as_the_os_thre
         assert [t[1:] for t in seen[1:]] == [(real[0], 'greenlet')], seen
         assert sampled(sampler.ALL_THREADS) == [('MainThread',) + real]
 
-        with profile(render=None) as p:
-            ctl = p  # the Profiler samples the calling thread
-            import time
-            end = time.thread_time() + 0.1
-            while time.thread_time() < end:
-                pass
+        with profile(render=None) as p:  # the Profiler samples the calling thread
+            spin_until_sampled(p.sampler, 20)
         assert [t.name for t in p.snapshots.threads] == ['MainThread'], p.snapshots.threads
         assert len(p.snapshots) > 0
         shown = []
