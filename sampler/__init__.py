@@ -18,13 +18,13 @@ __version__ = "0.1.0"
 from typing import Any
 
 from .controller import MESSAGES, Sampler, SamplerError, create_sampler
-from .groups import ThreadGroup
+from .groups import GreenletGroup, ThreadGroup
 from .marks import current_marks, mark
 from .snapshot import FORMAT_VERSION, Frame, RunInfo, Sample, SnapshotError, Snapshots, ThreadInfo, merge
 from .tracking import ALL_THREADS, TrackingWarning
 
 __all__ = [
-    "ALL_THREADS", "FORMAT_VERSION", "Frame", "MESSAGES", "RunInfo", "Sample", "Sampler",
+    "ALL_THREADS", "FORMAT_VERSION", "Frame", "GreenletGroup", "MESSAGES", "RunInfo", "Sample", "Sampler",
     "SamplerError", "SnapshotError", "Snapshots", "ThreadGroup", "ThreadInfo", "create_sampler",
     "current_marks", "load_ipython_extension", "mark", "merge", "__version__",
     "TrackingWarning",

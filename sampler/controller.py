@@ -189,6 +189,7 @@ class Sampler:
         self._sync()
         if not self._forked:
             c.join(_STOP_TIMEOUT)
+        c.tracker.release()  # the greenlet switch hook (sampler.greenlets)
         self._warn_never_started()
 
     def set_tracked(self, to_track: Any) -> None:
@@ -196,7 +197,8 @@ class Sampler:
         if isinstance(to_track, numbers.Real) and not isinstance(to_track, bool):
             return self.set_delay(to_track)
         leaves = flatten(to_track)
-        self._collector.tracker = Tracker(leaves)
+        old, self._collector.tracker = self._collector.tracker, Tracker(leaves)
+        old.release()
         self._collector.wake()
         self._warn_never_started()
         self._watch_leaves(leaves)

@@ -26,7 +26,7 @@ import contextvars
 import itertools
 import threading
 import weakref
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 _current: contextvars.ContextVar[Optional["ThreadGroup"]] = contextvars.ContextVar(
     "stackshot_thread_group", default=None
@@ -190,3 +190,81 @@ def _finished(t: threading.Thread) -> bool:
     if t.ident is None or (started is not None and not started.is_set()):
         return False
     return not t.is_alive()
+
+
+class GreenletGroup:
+    """Greenlets tracked as one, including those spawned later: a thread group for
+    greenlets.
+
+    A greenlet joins when it first runs if it was spawned by a member, or by a
+    greenlet that is inside ``with group:`` at that moment (the spawner is gevent's
+    ``spawning_greenlet``, else the greenlet's ``parent``, which for a plain greenlet
+    is the one that made it).  Neither greenlet nor gevent tells when a greenlet is
+    made, only when it first runs: so a block that spawns greenlets should also wait
+    for them to start (``with group: gevent.joinall(jobs)``), and a greenlet spawned
+    before the block by the same greenlet that first runs inside it joins too.  The
+    gevent hub never joins.  What first runs is seen by the greenlet switch hook of
+    the thread the group is made in (:mod:`sampler.greenlets`); greenlets of other
+    threads join only through :meth:`add`.  Finished greenlets leave.  Tracking a
+    group samples each live member while it runs.  :meth:`close` gives the hook back.
+    """
+
+    def __init__(self, name: Optional[str] = None) -> None:
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"GreenletGroup name must be a str, not {type(name).__name__}")
+        from . import greenlets
+
+        self.name = name or f"greenlet-group-{id(self):x}"
+        self._members: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._spawning: "weakref.WeakSet[Any]" = weakref.WeakSet()  # inside ``with group:``
+        self._entered: list[Any] = []
+        self._greenlets = greenlets
+        self._hook = greenlets.attach()
+        greenlets.new_greenlet_listeners.add(self._first_run)
+
+    def __enter__(self) -> "GreenletGroup":
+        current = self._greenlets.current_greenlet()
+        self._entered.append(current)
+        self._spawning.add(current)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        current = self._entered.pop()
+        if current not in self._entered:
+            self._spawning.discard(current)
+
+    def add(self, g: Any) -> None:
+        """Make greenlet ``g`` a member explicitly (one already running, say)."""
+        from .tracking import is_greenlet
+
+        if not is_greenlet(g):
+            raise TypeError(f"GreenletGroup.add takes a greenlet, not {type(g).__name__}")
+        self._join(g)
+
+    def _join(self, g: Any) -> None:
+        if g not in self._members:
+            self._members.add(g)
+            _changed()
+
+    def _first_run(self, g: Any) -> None:
+        if type(g).__name__ == "Hub":
+            return
+        spawner = getattr(g, "spawning_greenlet", None)
+        spawner = spawner() if isinstance(spawner, weakref.ref) else spawner
+        if spawner is None:
+            spawner = getattr(g, "parent", None)
+        if spawner is not None and (spawner in self._members or spawner in self._spawning):
+            self._join(g)
+
+    def greenlets(self) -> list[Any]:
+        """The live members (started and not finished)."""
+        return [g for g in list(self._members) if not getattr(g, "dead", True)]
+
+    def close(self) -> None:
+        """Stop watching for new greenlets (members stay); idempotent."""
+        self._greenlets.new_greenlet_listeners.discard(self._first_run)
+        hook, self._hook = self._hook, None
+        self._greenlets.release(hook)
+
+    def __repr__(self) -> str:
+        return f"<GreenletGroup {self.name!r}: {len(self.greenlets())} live greenlets>"

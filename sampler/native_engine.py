@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, read_cpu, thread_clock_id
+from .greenlets import at_base, running_at, switch_log
 from .collector import Steering
 from .groups import ThreadGroup, notify_started, start_listeners
 from .marks import mark_entries
@@ -189,6 +190,7 @@ class NativeCollector(Steering):
         super().__init__(tracker, delay, recorder)
         self._engine = _native.Engine(delay, marks=bool(recorder.custom_keys))
         self._resolver = _Resolver(self._engine)
+        self._switch_logs: dict[int, list] = {}
         self._slots: dict[int, _Slot] = {}  # slot number -> slot (this turn's and the last)
         self._previous: set[int] = set()
         self._slot_of: dict[int, int] = {}  # ident -> slot number
@@ -368,7 +370,8 @@ class NativeCollector(Steering):
             self._tracker_applied = tracker
             # Started threads alone never change what is read (a thread that exits
             # is dropped by the C thread itself): no need to look again each turn.
-            self._static = not (tracker.all_threads or tracker.groups or tracker.greenlets) and all(
+            self._static = not (tracker.all_threads or tracker.groups or tracker.greenlets
+                                or tracker.greenlet_groups) and all(
                 t.ident is not None for t in tracker.threads)
             frames = sys._current_frames()
             pairs = tracker.targets(frames)
@@ -454,6 +457,7 @@ class NativeCollector(Steering):
         start_us = recorder.start * 1e6
         if codes:
             self._resolver.learn(codes)
+        self._switch_logs: dict[int, list] = {}  # this drain's copies (sampler.greenlets)
         for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
             slot = self._slots.get(number)
             if slot is None:
@@ -486,17 +490,34 @@ class NativeCollector(Steering):
         recorder = self.recorder
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
         slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
+        running = self._greenlet_at(slot, base, wall_us)
         if slot.thread is not None:
             ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
-            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
+            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, running)
         for target, gbase in slot.greenlets:
             ctx = recorder.context(target, None, wall_us, cpu_us)
-            if gbase == base and sid:
+            # (where a switch hook says which greenlet ran, it must agree: a finished
+            # greenlet's frame address can be reused by the next one's frames)
+            if gbase == base and sid and (running is None or running.ref() is _referent(target.key)):
                 recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
             elif ctx.running and not getattr(_referent(target.key), "dead", True):
                 # switched out: close its interval once
                 recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
                 ctx.running = False
+
+    def _greenlet_at(self, slot: _Slot, base: int, wall_us: int) -> Any:
+        """The greenlet a sample of ``slot`` showed: the one whose outermost frame is
+        the stack's, else the one the thread's switch log says ran then."""
+        if not base:
+            return None
+        rec = at_base(base)
+        if rec is None:
+            log = self._switch_logs.get(slot.ident)
+            if log is None:
+                log = self._switch_logs[slot.ident] = switch_log(slot.ident)
+            if log:
+                rec = running_at(log, int((wall_us + self.recorder.start * 1e6) * 1000))
+        return rec
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)

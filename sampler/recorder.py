@@ -23,6 +23,7 @@ generating code (``exec``, lambdas) keeps only the frames its profile names.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import weakref
@@ -34,9 +35,21 @@ from . import realthreads
 from .clocks import clock_for, read_cpu
 from .marks import frame_marks
 from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
+from .greenlets import GreenletRecord, running_in
 from .tracking import Target, key_has_ended
 
 _MAX_DELTA = OVERFLOW - 1
+# Top frames rewritten (see _rewrite), by qualified name and, before 3.11, plain name.
+_HOOK_NAMES = frozenset({"SwitchHook.__call__", "__call__"})
+_HUB_NAMES = frozenset({"Hub.run", "run"})
+_REWRITTEN = _HOOK_NAMES | _HUB_NAMES
+GREENLETS_KEY = "greenlets"
+"""In a run's ``extra``: ``{context id: [greenlet id, parent's context id, thread's
+context id]}`` for the contexts of greenlets met in tracked threads; context ids are
+thread ids of that run (before any merge)."""
+HUB_IDLE = Frame("<hub idle>", "<gevent>", 0, None)
+"""The pseudo-frame of the time the gevent hub waits in its event loop: idle time,
+never CPU of ``Hub.run`` (the loop's own CPU, polling and dispatching, is filed here)."""
 _clock_gettime = getattr(time, "clock_gettime", None)
 # Code whose frames can be suspended and resumed under another caller: a cached walk
 # is only reused for a top frame that runs from its call to its return.
@@ -61,7 +74,7 @@ class _Context:
 
     __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident",
                  "top", "top_lasti", "top_sid", "base_sid", "base_marks", "back",
-                 "back_base_sid", "back_base_marks", "tick")
+                 "back_base_sid", "back_base_marks", "tick", "last_sid", "last_marks", "os_last")
 
     def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
@@ -81,6 +94,11 @@ class _Context:
         self.back_base_sid = 0
         self.back_base_marks: tuple = ()
         self.tick = -1
+        self.last_sid = 0  # the stack and mark set of its last sample (see hub idle)
+        self.last_marks = 0
+        # of a thread: the context that took its OS thread's last sample (itself, or
+        # the context of the greenlet that was running then)
+        self.os_last: Optional["_Context"] = None
 
 
 class _CodeFrames(dict):
@@ -122,6 +140,9 @@ class Recorder:
         self.cpu_overflow: dict[int, int] = {}
         self.torn_samples = 0
         self.targets_stale = False  # set when the tracker's targets must be rebuilt
+        # greenlet context id -> [greenlet id, parent's context id, thread's context id]
+        self.greenlets: dict[int, list[int]] = {}
+        self._greenlet_cids: dict[tuple[int, int], int] = {}  # (thread cid, greenlet id) -> cid
 
     # -- interning (the entry points shared with the native engine) -----------------
     @property
@@ -200,10 +221,87 @@ class Recorder:
         return ctx
 
     def append_sample(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
-                      mark_set: int = 0) -> None:
+                      mark_set: int = 0, greenlet: Optional[GreenletRecord] = None) -> None:
         """Append one sample of ``ctx`` (times absolute, in microseconds); a sample
         with a stack means the context is running (a greenlet's next idle marker
-        closes that)."""
+        closes that).
+
+        ``greenlet``: the greenlet running in the thread of ``ctx`` (see
+        :mod:`sampler.greenlets`).  A sample of a greenlet other than the thread's
+        main one is filed under a context of that greenlet (kind ``'greenlet'``,
+        named after it, the thread's native id), and the interval since the thread's
+        last sample is charged to it: each context gets an idle marker where the
+        thread last ran elsewhere, so the thread's time is split among its greenlets
+        and nothing is counted twice.
+
+        A stack where the gevent hub waits in its event loop is filed as
+        ``<hub idle>`` (:data:`HUB_IDLE`), and the CPU the thread used since its last
+        sample, which went into the code it ran before it gave way to the hub, is
+        filed first as a sample of that code (as the native engine does for a thread
+        found asleep)."""
+        last = ctx.os_last or ctx
+        if stack_id and self._trie.frames[self.stack_frame[stack_id]].name in _REWRITTEN:
+            stack_id, hub = self._rewrite(stack_id)
+            if hub:
+                if last.last_sid and last.last_sid != stack_id and cpu_us > last.cpu_us:
+                    ran_until = min(wall_us, last.wall_us + (cpu_us - last.cpu_us))
+                    self._append(last, last.last_sid, ran_until, cpu_us, last.last_marks)
+                mark_set = 0
+        target = ctx
+        if greenlet is not None and not greenlet.is_main and ctx.kind == "thread":
+            target = self._greenlet_context(ctx, greenlet, last, stack_id)
+        if target is not last:
+            # the thread ran elsewhere since this context's last sample
+            self._append(target, 0, last.wall_us, last.cpu_us, 0)
+        target.last_sid, target.last_marks = stack_id, mark_set
+        self._append(target, stack_id, wall_us, cpu_us, mark_set)
+        if target is not ctx or ctx.os_last is not None:
+            ctx.os_last = target
+
+    def _greenlet_context(self, ctx: _Context, rec: GreenletRecord, last: _Context,
+                          stack_id: int) -> _Context:
+        """The context of greenlet ``rec`` in the thread of ``ctx``, made at the
+        thread's last sample when new (named after the outermost function of
+        ``stack_id`` if the greenlet had no name)."""
+        key = ("greenlet", ctx.id, rec)
+        gctx = self._contexts.get(key)
+        if gctx is None:
+            cid = len(self.threads)
+            thread = self.threads[ctx.id]
+            name = rec.name
+            if not rec.named and stack_id:
+                outermost = stack_id
+                while self.stack_parent[outermost]:
+                    outermost = self.stack_parent[outermost]
+                name = rec.name = self._trie.frames[self.stack_frame[outermost]].name
+                rec.named = True
+            self.threads.append(ThreadInfo(cid, name, thread.native_id, "greenlet", 0,
+                                           last.wall_us / 1e6, last.cpu_us / 1e6))
+            gctx = _Context(cid, last.wall_us, last.cpu_us, ctx.clock, "greenlet", ctx.ident)
+            self._contexts[key] = gctx
+            parent = self._greenlet_cids.get((ctx.id, rec.parent), ctx.id)
+            self.greenlets[cid] = [rec.id, parent, ctx.id]
+            self._greenlet_cids[(ctx.id, rec.id)] = cid
+        return gctx
+
+    def _rewrite(self, stack_id: int) -> tuple[int, bool]:
+        """``(stack to file, whether it is <hub idle>)`` for a sampled stack: the
+        switch hook's own frame (caught at a greenlet switch) is dropped, its time is
+        the switch's; the gevent hub in ``Hub.run`` (which only calls the event loop
+        there) is ``<hub idle>``."""
+        frames = self._trie.frames
+        frame = frames[self.stack_frame[stack_id]]
+        if frame.name in _HOOK_NAMES and _is_file(frame, "sampler/greenlets.py"):
+            stack_id = self.stack_parent[stack_id]
+            if not stack_id:
+                return 0, False
+            frame = frames[self.stack_frame[stack_id]]
+        if frame.name in _HUB_NAMES and _is_file(frame, "gevent/hub.py"):
+            return self._trie.stack_id(0, self._trie.frame_id(HUB_IDLE)), True
+        return stack_id, False
+
+    def _append(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
+                mark_set: int) -> None:
         if stack_id:
             ctx.running = True
         index = len(self.sample_thread)
@@ -276,7 +374,7 @@ class Recorder:
             # that has held it for a whole switch interval (and the collector gives
             # it up nowhere on this path), so every walk saw a still picture.
             for target, ctx, cpu_us, frame, sid, marks in walked:
-                self._store(ctx, sid, marks, wall_us, cpu_us)
+                self._store(ctx, sid, marks, wall_us, cpu_us, frame)
             return
         for attempt in range(3):
             fresh = current_frames()
@@ -284,7 +382,7 @@ class Recorder:
             for target, ctx, cpu_us, frame, sid, marks in walked:
                 now_at = fresh.get(target.ident)
                 if now_at is frame:
-                    self._store(ctx, sid, marks, wall_us, cpu_us)
+                    self._store(ctx, sid, marks, wall_us, cpu_us, frame)
                     continue
                 ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
                 if target.kind == "thread" and now_at is not None and attempt < 2:
@@ -423,9 +521,11 @@ class Recorder:
                 ctx.top = ctx.back = None
                 del self._walked[ctx]
 
-    def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int) -> None:
+    def _store(self, ctx: _Context, sid: int, marks: tuple, wall_us: int, cpu_us: int,
+               top: FrameType) -> None:
         ctx.running = True
-        self.append_sample(ctx, sid, wall_us, cpu_us, self.mark_set_id(marks) if marks else 0)
+        self.append_sample(ctx, sid, wall_us, cpu_us, self.mark_set_id(marks) if marks else 0,
+                           running_in(ctx.ident, top) if ctx.kind == "thread" else None)
 
     def forget_dead(self, live_keys: set) -> None:
         """Drop per-context state of contexts that have ended, so that a long run
@@ -457,6 +557,9 @@ class Recorder:
     def snapshot(self, run: RunInfo) -> Snapshots:
         """A frozen, consistent copy.  Safe while the writer writes (see the module
         docstring for why the order of the reads below matters)."""
+        if self.greenlets:
+            run = dataclasses.replace(run, extra={**run.extra, GREENLETS_KEY: {
+                str(cid): list(v) for cid, v in list(self.greenlets.items())}})
         n = len(self.sample_thread)
         wall_overflow = self.wall_overflow.copy()
         cpu_overflow = self.cpu_overflow.copy()
@@ -490,6 +593,10 @@ class Recorder:
             return [() for _ in range(n)]
         sets = self._mark_sets[:]
         return [sets[m] for m in self.sample_marks[:n]]
+
+
+def _is_file(frame: Frame, tail: str) -> bool:
+    return frame.filename.replace("\\", "/").endswith(tail)
 
 
 def _line_of(code: CodeType, lasti: int) -> Optional[int]:

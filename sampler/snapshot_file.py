@@ -682,6 +682,20 @@ _KIND_NAMES = {"int": "a 64-bit integer", "float": "a finite number (within the 
 _RATE_FIELDS = frozenset({"requested_rate", "achieved_rate"})  # RunInfo.to_dict writes inf as "inf"
 
 
+def _check_greenlets(table: Any, where: str, fail: Callable[[str], NoReturn]) -> None:
+    """The recorder's greenlet table (``sampler.recorder.GREENLETS_KEY``): context id
+    (decimal text) -> [greenlet id, parent's context id, thread's context id]."""
+    if not isinstance(table, dict):
+        fail(f"{where} is {_short_repr(table)}, not an object")
+    for key, row in table.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) <= 12):
+            fail(f"{where} has the key {_short_repr(key)}, not a thread id")
+        if not (isinstance(row, list) and len(row) == 3
+                and all(_is_int(x) and 0 <= x < 2 ** 63 for x in row)):
+            fail(f"{where}[{key}] is {_short_repr(row)}, not [greenlet id, parent, thread] "
+                 "(3 whole numbers)")
+
+
 def _parse_run(d: Any, i: int, fail: Callable[[str], NoReturn]) -> RunInfo:
     """Check a run's fields against :class:`RunInfo`'s annotations, then build it.
 
@@ -704,6 +718,9 @@ def _parse_run(d: Any, i: int, fail: Callable[[str], NoReturn]) -> RunInfo:
         }.get(kind, True)
         if not ok:
             fail(f"runs[{i}].{name} is {_short_repr(value)}, not {_KIND_NAMES.get(kind, 'a ' + kind)}")
+    extra = d.get("extra")
+    if isinstance(extra, dict) and "greenlets" in extra:
+        _check_greenlets(extra["greenlets"], f"runs[{i}].extra.greenlets", fail)
     d = dict(d)
     if "custom_keys" in d:
         d["custom_keys"] = [_check_hashable(k, f"runs[{i}].custom_keys[{j}]", fail)

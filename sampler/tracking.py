@@ -19,7 +19,9 @@ from types import CodeType, FrameType
 from typing import Any, Hashable, Iterable, NamedTuple, Optional
 
 from .clocks import native_id_of, native_id_of_ident, remember_calling_thread
-from .groups import ThreadGroup, _finished, generation
+from .groups import GreenletGroup, ThreadGroup, _finished, generation
+from . import greenlets as _switches
+from .patched import is_thread, os_thread_view, owner_of, remember_calling_os_thread
 
 try:
     import greenlet as _greenlet_module
@@ -79,13 +81,13 @@ def flatten(to_track: Any) -> tuple:
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", depth + 1)
-        elif isinstance(value, (threading.Thread, ThreadGroup, _AllThreads)) or is_greenlet(value):
+        elif isinstance(value, (ThreadGroup, GreenletGroup, _AllThreads)) or is_thread(value) or is_greenlet(value):
             leaves.append(value)
         else:
             where = f" at {path}" if path != "to_track" else ""
             raise TypeError(
                 f"cannot track {value!r}{where}: expected a threading.Thread, a ThreadGroup, "
-                "a greenlet, sampler.ALL_THREADS, or a list of them"
+                "a greenlet, a GreenletGroup, sampler.ALL_THREADS, or a list of them"
             )
 
     walk(to_track, "to_track", 0)
@@ -113,18 +115,29 @@ class Tracker:
     def __init__(self, leaves: Iterable[Any]) -> None:
         self.leaves = tuple(leaves)
         self.all_threads = any(isinstance(x, _AllThreads) for x in self.leaves)
-        self.threads = [x for x in self.leaves if isinstance(x, threading.Thread)]
+        self.threads = [x for x in self.leaves if is_thread(x)]
         self.groups = [x for x in self.leaves if isinstance(x, ThreadGroup)]
         self.greenlets = [x for x in self.leaves if is_greenlet(x)]
+        self.greenlet_groups = [x for x in self.leaves if isinstance(x, GreenletGroup)]
         # greenlet -> [id of its outermost frame, ident of the thread it was seen
         # in, the codes it can start in (known before it starts)]
         self._greenlet_places: dict[Any, list[Any]] = {}
         remember_calling_thread()
+        remember_calling_os_thread()
         # the cached thread targets: (ident, Thread object or None, Target)
         self._entries: list[tuple[int, Any, Target]] = []
         self._signature: Any = None
         for g in self.greenlets:
             self._learn_place(g, threading.get_ident())
+        # Which greenlet runs at each sample, in this thread (the hook is per thread).
+        self.switch_hook = (_switches.attach() if self.all_threads or self.threads or self.groups
+                            else None)
+
+    def release(self) -> None:
+        """Give back the greenlet switch hook (when the sampler stops or tracks
+        something else); idempotent."""
+        hook, self.switch_hook = self.switch_hook, None
+        _switches.release(hook)
 
     def _learn_place(self, g: Any, current_ident: int) -> None:
         """Find where ``g`` lives now, if that can be seen from here."""
@@ -146,7 +159,7 @@ class Tracker:
         active = getattr(threading, "_active", {})
         if self.all_threads:
             idents = list(frames)
-            signature = (idents, list(map(active.get, idents)))
+            signature = (idents, [owner_of(i, active) for i in idents])
         else:
             signature = (generation(), [t.ident for t in self.threads])
         if signature != self._signature:
@@ -156,16 +169,27 @@ class Tracker:
         stale = False
         for ident, owner, target in self._entries:
             frame = frames.get(ident)
-            if frame is None or active.get(ident) is not owner:
+            if frame is None or owner_of(ident, active) is not owner:
                 stale = True  # exited (or its ident was reused): rebuild next tick
                 continue
             out.append((target, frame))
         if stale:
             self.invalidate()
-        for g in self.greenlets:
-            pair = self._greenlet_target(g, frames)
-            if pair is not None:
-                out.append(pair)
+        greenlets = self.greenlets
+        if self.greenlet_groups:
+            greenlets = list(dict.fromkeys(greenlets + [g for group in self.greenlet_groups
+                                                        for g in group.greenlets()]))
+            if len(self._greenlet_places) > 2 * len(greenlets) + 16:
+                self._greenlet_places = {g: p for g, p in self._greenlet_places.items()
+                                         if not g.dead}
+        if greenlets:
+            # A greenlet whose thread is tracked is sampled with it, under a context
+            # of its own (see Recorder.append_sample): never twice.
+            hosts = {t.ident for t, _ in out}
+            for g in greenlets:
+                pair = self._greenlet_target(g, frames)
+                if pair is not None and not (self.all_threads or pair[0].ident in hosts):
+                    out.append(pair)
         return out
 
     def invalidate(self) -> None:
@@ -181,7 +205,7 @@ class Tracker:
         if self.all_threads:
             for ident in frames:
                 if ident not in collector_idents:
-                    t = active.get(ident)
+                    t = owner_of(ident, active)
                     entries.append((ident, t, thread_target(t, ident)))
             return entries, True
         threads = list(self.threads)
@@ -189,15 +213,16 @@ class Tracker:
             threads.extend(group.threads())
         seen: set[int] = set()
         complete = True
-        for t in threads:
-            ident = t.ident
+        for tracked in threads:
+            # (under gevent's patching, the OS thread it runs in, named as such)
+            ident, t = os_thread_view(tracked, frames, active)
             if ident is None or ident in seen or ident in collector_idents:
                 continue
             if ident not in frames:
                 if not _finished(t):
                     complete = False  # starting: look again next tick
                 continue
-            owner = active.get(ident)
+            owner = owner_of(ident, active)
             if (owner is not None and owner is not t) or (owner is None and not t.is_alive()):
                 continue  # finished; its ident now belongs to another thread
             seen.add(ident)
@@ -223,9 +248,12 @@ class Tracker:
             frame = frames[ident]
             bottom = _bottom(frame)
             if place[0] is None:
-                # Never seen switched out: the thread running a greenlet that starts
-                # in g's run function is running g, since g is running somewhere.
-                if bottom is None or bottom.f_code not in run_codes:
+                # Never seen switched out: the thread whose switch hook says it runs
+                # g (sampler.greenlets), or running a greenlet that starts in g's
+                # run function, is running g, since g is running somewhere.
+                running = _switches.running_in(ident, frame)
+                if bottom is None or not (
+                        (running is not None and running.ref() is g) or bottom.f_code in run_codes):
                     continue
                 place[0] = id(bottom)
             if id(bottom) == place[0]:
@@ -254,6 +282,9 @@ def _weak_key(obj: Any) -> Hashable:
 
 def key_has_ended(key: Hashable) -> bool:
     """Whether the context of a target key has ended for good."""
+    if isinstance(key, tuple) and key[0] == "greenlet":  # (see Recorder._greenlet_context)
+        g = key[2].ref()
+        return g is None or bool(getattr(g, "dead", True))
     if isinstance(key, weakref.ref):
         obj = key()
         if obj is None:

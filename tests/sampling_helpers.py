@@ -89,3 +89,23 @@ class Worker:
     def __exit__(self, *exc: object) -> None:
         self.stop_flag.set()
         self.thread.join(20)
+
+
+def switch_error_margin(cpu_deltas, boundaries: int, sds: float = 4.0) -> float:
+    """A bound (``sds`` standard deviations) on the CPU seconds misattributed at
+    ``boundaries`` switches from one part of a program to another, for samples whose
+    CPU intervals (seconds, samples with a stack only) are ``cpu_deltas``.
+
+    Under the 'end' rule only an interval that straddles a switch can be charged to
+    the wrong part, by a share of it uniform over [0, d], and a switch falls into an
+    interval with a chance proportional to its length: the error per switch has a
+    variance of E[d^3] / (3 E[d]).  Sums over switches with errors of both signs (a
+    part gains at its start what it loses at its end): sd = sqrt(n) times that.  On a
+    loaded machine the collector runs late and intervals grow: the margin grows with
+    them, so a test that runs until the margin is small enough never fails by luck.
+    """
+    deltas = [d for d in cpu_deltas if d > 0]
+    if not deltas:
+        return float("inf")
+    per_switch = sum(d ** 3 for d in deltas) / (3 * sum(deltas))
+    return sds * (boundaries * per_switch) ** 0.5

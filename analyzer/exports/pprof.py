@@ -14,7 +14,8 @@ blocks), ``alloc_space/bytes`` (estimated bytes allocated) and ``inuse_space/byt
 (estimated bytes still live when the profile stopped).  Each sample carries
 labels ``thread`` (name), ``thread_id`` (its small id, as text: pprof drops a
 numeric label of 0) and, per custom key, the innermost
-mark value (``go tool pprof -tagfocus=thread=worker``).
+mark value (``go tool pprof -tagfocus=thread=worker``); a greenlet's samples also
+carry ``greenlet`` (its name).
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def to_pprof_proto(snapshots: Snapshots, *, clock: str = "cpu") -> bytes:
         info = snapshots.threads[tid]
         labels = [_int_field(1, s("thread")) + _int_field(2, s(info.name)),
                   _int_field(1, s("thread_id")) + _int_field(2, s(str(tid)))]
+        if info.kind == "greenlet":  # (-tagfocus=greenlet=NAME keeps greenlets only)
+            labels.append(_int_field(1, s("greenlet")) + _int_field(2, s(info.name)))
         for k, mark_key in enumerate(keys):
             for entry in snapshots.mark_sets[mset]:  # innermost extent first
                 if entry[k] is not None:

@@ -1,0 +1,252 @@
+"""Which greenlet each OS thread is running: a ``greenlet.settrace`` hook per thread.
+
+A sample of a thread shows the stack of the greenlet running in it, but not which
+greenlet that is.  The hook is told of every switch in its thread (greenlet calls it
+in the target's context, once the switch is made) and keeps the running greenlet's
+:class:`GreenletRecord`: a small id stable for the life of the process, a name
+(gevent's ``Greenlet`` name and the function it runs, else that function), and its
+parent's id (gevent's ``spawning_greenlet``, else ``greenlet.parent``).
+
+The Python engine reads :func:`running_in` of the sampled thread when it records a
+sample (it holds the GIL, so the two agree).  The native engine reads stacks without
+the GIL and files them later: it names the greenlet by the address of the stack's
+outermost frame, fixed for a greenlet's life, which the hook learns once per greenlet
+(:func:`at_base`).
+
+The hook is installed in the thread that creates a sampler tracking threads (greenlet
+hooks are per thread), chained with the trace function already there, and removed
+when the last sampler using it stops, if it is still the thread's trace function and
+the stop is made in that thread; otherwise it stays, inert, passing events on.
+Overhead: one Python call per switch (see ``scribblings/greenlets.md``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+from bisect import bisect_right
+from collections import deque
+from time import perf_counter_ns
+from types import FrameType
+from typing import Any, Callable, Optional
+
+from . import realthreads
+
+try:
+    import greenlet as _greenlet
+except ImportError:  # pragma: no cover - greenlet is a dependency
+    _greenlet = None  # type: ignore[assignment]
+
+try:
+    from ._native import frame_address as _frame_address
+except ImportError:  # the native engine is not built: no addresses needed
+    _frame_address = None
+
+_ids = itertools.count(1)
+# id(greenlet) -> its record, while it lives
+_records: dict[int, "GreenletRecord"] = {}
+# address of a live greenlet's outermost frame -> its record (native engine)
+_by_base: dict[int, "GreenletRecord"] = {}
+# OS thread ident -> the hook installed in it
+_hooks: dict[int, "SwitchHook"] = {}
+LOG_SIZE = 16384
+"""Switches remembered per thread, for the native engine's samples filed later."""
+
+
+# Called with each greenlet the first time a hook sees it (when it first runs, or
+# when a greenlet it spawned first runs), in its thread (see groups.GreenletGroup).
+new_greenlet_listeners: "set[Callable[[Any], None]]" = set()
+
+
+class GreenletRecord:
+    """What is known of one greenlet (never the greenlet itself: held weakly)."""
+
+    __slots__ = ("id", "name", "named", "parent", "base", "is_main", "ref")
+
+    def __init__(self, g: Any) -> None:
+        self.id = next(_ids)
+        self.is_main = getattr(g, "parent", None) is None
+        name = _name_of(g, self.is_main)
+        # (a started greenlet no longer has its ``run``: then the sampler names it
+        # after the outermost function of its first sample)
+        self.named = name is not None
+        self.name = name or f"greenlet-{id(g):x}"
+        parent = getattr(g, "spawning_greenlet", None)
+        parent = parent() if isinstance(parent, weakref.ref) else parent
+        if parent is None:
+            parent = getattr(g, "parent", None)
+        self.parent = record_of(parent).id if parent is not None else 0
+        self.base = 0
+        key = id(g)
+
+        def forget(_ref: Any, key: int = key) -> None:
+            rec = _records.get(key)
+            if rec is self:
+                del _records[key]
+            if self.base and _by_base.get(self.base) is self:
+                del _by_base[self.base]
+
+        self.ref = weakref.ref(g, forget)
+
+    def __repr__(self) -> str:
+        return f"<greenlet {self.id} {self.name!r} parent={self.parent}>"
+
+
+def _name_of(g: Any, is_main: bool) -> Optional[str]:
+    if is_main:
+        return "main greenlet"
+    if type(g).__name__ == "Hub":
+        return "Hub"
+    func = getattr(g, "_run", None) or getattr(g, "run", None)
+    args = getattr(g, "args", None)
+    if getattr(func, "__name__", "") == "_handle_and_close_when_done" and args and callable(args[0]):
+        func = args[0]  # a gevent server's connection: named after its handler
+    func_name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    gname = getattr(g, "name", None)
+    if isinstance(gname, str) and gname:
+        return f"{gname} ({func_name})" if func_name and func_name not in gname else gname
+    return func_name
+
+
+def record_of(g: Any) -> GreenletRecord:
+    """The record of greenlet ``g``, made the first time it is asked for."""
+    rec = _records.get(id(g))
+    if rec is None or rec.ref() is not g:
+        rec = _records[id(g)] = GreenletRecord(g)
+        for listener in list(new_greenlet_listeners):
+            listener(g)
+    return rec
+
+
+def _bottom(frame: Optional[FrameType]) -> Optional[FrameType]:
+    while frame is not None and frame.f_back is not None:
+        frame = frame.f_back
+    return frame
+
+
+def _learn_base(rec: GreenletRecord, frame: Optional[FrameType]) -> None:
+    """Learn the greenlet's outermost frame from one of its frames (and its name
+    from it, for a greenlet that had none)."""
+    bottom = _bottom(frame)
+    if bottom is None:
+        return
+    if not rec.named:
+        code = bottom.f_code
+        rec.name = getattr(code, "co_qualname", code.co_name)
+        rec.named = True
+    if _frame_address is not None:
+        rec.base = _frame_address(bottom)
+        _by_base[rec.base] = rec
+
+
+class SwitchHook:
+    """The trace function of one thread: keeps :attr:`current` up to date."""
+
+    def __init__(self, previous: Optional[Callable[..., Any]]) -> None:
+        self.previous = previous
+        self.users = 0
+        self.current: Optional[GreenletRecord] = None
+        # (perf_counter_ns() at the switch, the greenlet switched to), oldest first
+        self.log: deque = deque(maxlen=LOG_SIZE)
+
+    def __call__(self, event: str, args: Any) -> None:
+        if self.users and (event == "switch" or event == "throw"):
+            try:
+                target = args[1]
+                rec = _records.get(id(target))
+                if rec is None or rec.ref() is not target:
+                    rec = record_of(target)
+                origin, self.current = self.current, rec
+                self.log.append((perf_counter_ns(), rec))
+                if not rec.base or not rec.named:
+                    # it runs now: its frames are the caller's
+                    _learn_base(rec, sys._getframe(0).f_back)
+                if origin is not None and not origin.base and origin.ref() is args[0]:
+                    _learn_base(origin, args[0].gr_frame)  # suspended: read in one go
+            except Exception:  # a profiler's trouble never reaches the program
+                pass
+        if self.previous is not None:
+            self.previous(event, args)
+
+
+HOOK_CODE = SwitchHook.__call__.__code__
+
+
+def attach() -> Optional[SwitchHook]:
+    """Install (or share) the switch hook of the calling thread; ``None`` without
+    greenlet."""
+    if _greenlet is None:
+        return None
+    ident = realthreads.get_ident()
+    hook = _hooks.get(ident)
+    if hook is None or _greenlet.gettrace() is not hook:
+        previous = _greenlet.gettrace()
+        if hook is not None and hook.users and previous is not None:
+            hook.users += 1  # another tracer chains ours: keep it
+            return hook
+        hook = SwitchHook(previous)
+        hook.current = record_of(_greenlet.getcurrent())
+        hook.log.append((perf_counter_ns(), hook.current))
+        _learn_base(hook.current, sys._getframe(0))
+        _greenlet.settrace(hook)
+        _hooks[ident] = hook
+    hook.users += 1
+    return hook
+
+
+def release(hook: Optional[SwitchHook]) -> None:
+    """One user fewer; the last one removes the hook if it can (see the module
+    docstring)."""
+    if hook is None or hook.users <= 0:
+        return
+    hook.users -= 1
+    if hook.users:
+        return
+    for ident, h in list(_hooks.items()):
+        if h is hook and ident == realthreads.get_ident() and _greenlet.gettrace() is hook:
+            _greenlet.settrace(hook.previous)
+            del _hooks[ident]
+
+
+def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:
+    """The greenlet running in OS thread ``ident`` now (``None``: no hook there, or
+    ``top``, the thread's top frame, is the hook's own: it is switching, and has not
+    yet said to which greenlet)."""
+    hook = _hooks.get(ident) if ident is not None else None
+    if hook is None or not hook.users or (top is not None and top.f_code is HOOK_CODE):
+        return None
+    return hook.current
+
+
+def at_base(base: int) -> Optional[GreenletRecord]:
+    """The live greenlet whose outermost frame is at address ``base``, if known
+    (a greenlet that has finished no longer names its address, which new frames
+    may reuse)."""
+    rec = _by_base.get(base)
+    if rec is not None:
+        g = rec.ref()
+        if g is None or getattr(g, "dead", True):
+            if _by_base.get(base) is rec:
+                del _by_base[base]
+            return None
+    return rec
+
+
+def switch_log(ident: int) -> list:
+    """A copy of the switches remembered for OS thread ``ident`` (see
+    :func:`running_at`); empty where no hook runs."""
+    hook = _hooks.get(ident)
+    return list(hook.log) if hook is not None and hook.users else []
+
+
+def running_at(log: list, t_ns: int) -> Optional[GreenletRecord]:
+    """The greenlet running at ``perf_counter_ns()`` time ``t_ns`` according to
+    ``log`` (:func:`switch_log`); ``None`` before the log's first entry."""
+    i = bisect_right(log, t_ns, key=lambda entry: entry[0])
+    return log[i - 1][1] if i else None
+
+
+def current_greenlet() -> Any:
+    """The greenlet running now (``None`` without greenlet)."""
+    return _greenlet.getcurrent() if _greenlet is not None else None
