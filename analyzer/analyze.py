@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Iterable, Iterator, Optional, Sequence, Union
 
 from .fromsnapshots import aggregate, node_rows
+from .gcview import check_gc, place_gc
 from .graph import NodeInfo, StackRow, build_graph
 from .markfilter import MISSING, MarkFilter, key_position, mark_set_filter, value_of
 from .model import UNITS, Profile
@@ -37,6 +38,7 @@ def analyze_samples(
     threads: ThreadSelection = None,
     marks: Optional[MarkFilter] = None,
     unit: Optional[str] = None,
+    gc_frames: str = "stack",
 ) -> Profile:
     """Turn sampled stacks into a call-graph :class:`Profile` (Racket's ``analyze-samples``).
 
@@ -62,8 +64,12 @@ def analyze_samples(
     a ``{key: value}`` mapping or a predicate on :class:`~analyzer.markfilter.Marks`.
     ``unit``: the time unit of the raw shape's thread times (default Racket's
     ``'ms'``); snapshots are always in seconds.
+    ``gc_frames``: where garbage collections go (:mod:`analyzer.gcview`): ``'stack'``
+    (under the stack that triggered them), ``'root'`` (one ``<gc>`` node per
+    generation under the root) or ``'hide'`` (left out).
     """
     _check_options(weight, granularity, interval)
+    check_gc(gc_frames)
     value = _recognise(samples)
     interval = resolve_interval(interval, raw=isinstance(value, tuple))
     if isinstance(value, tuple):  # the raw shape
@@ -73,6 +79,7 @@ def analyze_samples(
     if unit not in (None, "s"):
         raise ValueError(f"unit= applies to the raw shape only; snapshot times are seconds, "
                          f"not {unit!r}")
+    value = place_gc(value, gc_frames)
     wanted = _snapshot_threads(threads, value.threads)
     groups_of = None
     if marks is not None:

@@ -158,6 +158,9 @@ class Stackshot:
             "default_interval": default_interval,
             "engine": getattr(run, "engine", "") or "python",
             "engine_requested": self.engine,
+            # the collections' time stackshot filed (sampler.gctime), checked against
+            # the gc_heavy workload's own gc.callbacks timing
+            "gc_seconds": sum((getattr(run, "extra", {}) or {}).get("gc_seconds", {}).values()),
         }
         return profiles, stats
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 from . import realthreads
 from .clocks import read_cpu, thread_clock_id
+from .gctime import GCWatch
 from .recorder import Recorder
 from .tracking import Tracker, collector_idents
 
@@ -40,6 +41,7 @@ class Steering:
         self.error_count = 0
         self.errors: list[str] = []
         self._pauses: list[None] = []  # one item per pause not yet resumed
+        self.gc_watch: Optional[GCWatch] = None  # collections to file (set before start)
         self._fresh_locks()
 
     def _record_error(self) -> None:
@@ -206,6 +208,10 @@ class Collector(Steering):
         until that context's next sample."""
         recorder = self.recorder
         try:
+            watch = self.gc_watch
+            if watch is not None and watch.events:
+                # the collections that ended before this tick, before its samples
+                recorder.record_gc(watch.take(int((now - recorder.start) * 1e6)))
             frames = sys._current_frames()
             targets = tracker.targets(frames)
             del frames

@@ -21,6 +21,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 from . import engines, switchinterval
 from .collector import Collector
+from .gctime import GCWatch
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
 from .tracking import Tracker, flatten
@@ -103,7 +104,7 @@ class Sampler:
     """
 
     def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable],
-                 engine: str = "python") -> None:
+                 engine: str = "python", gc_time: bool = True) -> None:
         self.custom_keys = tuple(custom_keys)
         self.engine = engine
         self._start_epoch = time.time()
@@ -115,6 +116,8 @@ class Sampler:
 
             collector_class = NativeCollector
         self._collector = collector_class(Tracker(flatten(to_track)), delay, self._recorder)
+        self._gc_watch = GCWatch(self._start) if gc_time else None
+        self._collector.gc_watch = self._gc_watch
         # Only a collector that takes the GIL needs the switch interval lowered.
         self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
         self._token = next(_tokens)  # this run's claim on the switch interval
@@ -129,6 +132,9 @@ class Sampler:
             switchinterval.want(self._token, delay)
         _live.add(self)
         self._finalizer = weakref.finalize(self, _stop_dropped, self._collector, self._token)
+        if self._gc_watch is not None:
+            self._gc_watch.active = True
+            self._gc_watch.install()
         self._collector.start()
 
     # -- the Racket face ---------------------------------------------------------
@@ -251,6 +257,10 @@ class Sampler:
         c = self._collector
         while True:
             state = (c.paused, c.stopped, c.delay)
+            if self._gc_watch is not None:
+                self._gc_watch.active = not (state[0] or state[1] or self._forked)
+                if state[1] or self._forked:
+                    self._gc_watch.remove()
             if not state[0] and not state[1] and not self._forked:
                 if not self._opened:
                     self._opened.append((time.perf_counter(), time.process_time()))
@@ -303,10 +313,18 @@ class Sampler:
         extra = dict(getattr(self._collector, "extra_info", dict)())
         if self._forked:
             extra["forked_child"] = True
+        if self._gc_watch is not None:
+            extra["gc_collections"] = self._gc_watch.collections
+            # per generation, of the collections filed (in sampled threads)
+            extra["gc_seconds"] = {str(g): us / 1e6 for g, us in sorted(self._recorder.gc_cpu.items())}
+            extra["gc_wall_seconds"] = {str(g): us / 1e6 for g, us in sorted(self._recorder.gc_wall.items())}
         return extra
 
     def _after_fork_in_child(self) -> None:
         self._forked = True
+        if self._gc_watch is not None:  # the child's collections are nobody's to read
+            self._gc_watch.active = False
+            self._gc_watch.remove()
         self._collector.reset_after_fork()
         if self._stop_time is None:
             self._stop_time = time.perf_counter()
@@ -318,6 +336,8 @@ def _stop_dropped(collector: Collector, token: int) -> None:
     read what it collects any more, so end its collector and give the interval back.
     Holds no reference to the controller, only to what it owned."""
     collector.stopped = True
+    if collector.gc_watch is not None:
+        collector.gc_watch.remove()
     collector.wake()
     switchinterval.release(token)
 
@@ -329,6 +349,7 @@ def create_sampler(
     *,
     use_errortrace: bool = False,
     engine: Optional[str] = None,
+    gc_time: bool = True,
 ) -> Sampler:
     """Start a collector thread sampling ``to_track`` every ``delay`` seconds.
 
@@ -336,6 +357,9 @@ def create_sampler(
     :data:`ALL_THREADS`, or a (nested) list of these.  Returns the controller.
     ``engine`` is ``'native'`` (read frames without the GIL; the default where the
     extension is built) or ``'python'`` (see :mod:`sampler.engines`).
+    ``gc_time``: time every garbage collection (``gc.callbacks``) and file it as a
+    sample of the stack that triggered it plus a ``<gc>`` frame (see
+    :mod:`sampler.gctime`); ``False`` leaves collections inside the samples around them.
     Arguments are checked before any thread starts.
     """
     keys = _check_custom_keys(custom_keys)
@@ -346,7 +370,9 @@ def create_sampler(
             "use_errortrace=True (an instrumented shadow stack, seeing C functions too) "
             "is not implemented yet; sample the interpreter's own stack with the default"
         )
-    return Sampler(to_track, value, keys, engines.choose(engine))
+    if not isinstance(gc_time, bool):
+        raise TypeError(f"gc_time must be True or False, not {type(gc_time).__name__}: {gc_time!r}")
+    return Sampler(to_track, value, keys, engines.choose(engine), gc_time)
 
 
 def _stop_all_at_exit() -> None:

@@ -199,6 +199,7 @@ class NativeCollector(Steering):
         self._stats_after_stop: Optional[dict] = None
         self._forked = False
         self._draining: Optional[int] = None  # the thread filing samples now
+        self._gc_pending: dict[int, list] = {}  # ident -> collections not filed yet, oldest first
 
     # -- the collector interface (see sampler.collector.Collector) ---------------
     def start(self) -> None:
@@ -451,12 +452,15 @@ class NativeCollector(Steering):
         start_us = recorder.start * 1e6
         if codes:
             self._resolver.learn(codes)
+        pending = self._take_gc()
         for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
             slot = self._slots.get(number)
             if slot is None:
                 continue
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
+            if pending:
+                self._file_gc(pending, slot.ident, wall_us)
             if raw is None:  # the thread did not run since its last sample
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
@@ -470,6 +474,30 @@ class NativeCollector(Steering):
             sid = self._stack_id(raw, flags)
             mid = self._mark_set(marks) if marks else 0
             self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
+
+    def _take_gc(self) -> dict:
+        """The collections not filed yet, by thread (those of threads not read are
+        dropped: no sample of theirs will ever come to file them before)."""
+        pending = self._gc_pending
+        watch = self.gc_watch
+        if watch is not None and watch.events:
+            for event in watch.take():
+                pending.setdefault(event[0], []).append(event)
+        if pending:
+            read = {slot.ident for slot in self._slots.values()}
+            for ident in [i for i in pending if i not in read]:
+                del pending[ident]
+        return pending
+
+    def _file_gc(self, pending: dict, ident: int, wall_us: int) -> None:
+        """File the collections of thread ``ident`` that ended before ``wall_us``."""
+        events = pending.get(ident)
+        if events and events[0][3] <= wall_us:
+            n = 0
+            while n < len(events) and events[n][3] <= wall_us:
+                n += 1
+            self.recorder.record_gc(events[:n])
+            del events[:n]
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and

@@ -32,6 +32,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 from . import realthreads
 from .clocks import clock_for, read_cpu
+from .gctime import gc_frame
 from .marks import frame_marks
 from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
 from .tracking import Target, key_has_ended
@@ -122,6 +123,9 @@ class Recorder:
         self.cpu_overflow: dict[int, int] = {}
         self.torn_samples = 0
         self.targets_stale = False  # set when the tracker's targets must be rebuilt
+        # generation -> CPU and wall microseconds of the collections filed
+        self.gc_cpu: dict[int, int] = {}
+        self.gc_wall: dict[int, int] = {}
 
     # -- interning (the entry points shared with the native engine) -----------------
     @property
@@ -452,6 +456,34 @@ class Recorder:
         for ctx in self._contexts.values():
             ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
         self._walked.clear()
+
+    # -- garbage collections (see sampler.gctime) -------------------------------------
+    def thread_context(self, ident: int) -> Optional[_Context]:
+        """The context of the tracked OS thread ``ident`` (``None``: not sampled yet)."""
+        for ctx in list(self._contexts.values()):
+            if ctx.kind == "thread" and ctx.ident == ident:
+                return ctx
+        return None
+
+    def record_gc(self, events: list) -> None:
+        """File collections (events of :class:`sampler.gctime.GCWatch`, oldest first),
+        each before the next regular sample of its thread: a sample of the stack that
+        triggered it plus a ``<gc>`` frame, weighing its durations, which are taken
+        out of the interval of that next sample (the context's clocks move on by
+        them).  A collection in a thread not sampled yet is not filed: its time
+        falls before the thread's first sample, which no sample counts."""
+        trie = self._trie
+        for ident, stack, generation, _end, wall_us, cpu_us in events:
+            ctx = self.thread_context(ident)
+            if ctx is None:
+                continue
+            sid = 0
+            for code, lasti in reversed(stack):
+                sid = self._child(sid, code, lasti)
+            sid = trie.stack_id(sid, trie.frame_id(gc_frame(generation)))
+            self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
+            self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
+            self.append_sample(ctx, sid, ctx.wall_us + wall_us, ctx.cpu_us + cpu_us)
 
     # -- reading (any thread, any time, no lock) -----------------------------------------
     def snapshot(self, run: RunInfo) -> Snapshots:

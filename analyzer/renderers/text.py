@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import IO, Optional, Union
 
+from ..gcview import gc_times
 from ..model import Profile
 from .naming import display_names, emit, hidden_chains
 from .common import (
@@ -152,6 +153,7 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
         lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
+    lines.extend(gc_lines(profile))
     lines.extend(unseen_lines(profile))
     if n_hidden:
         lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
@@ -172,6 +174,19 @@ def _period(profile: Profile, total_ms: float) -> str:
         return f" (once every {format_ms(achieved)}; asked for {wanted})"
     n = profile.sample_number
     return f" (once every {format_ms(total_ms / n)})" if n else ""
+
+
+def gc_lines(profile: Profile) -> list[str]:
+    """MLton's line, when collections were filed: "N seconds of CPU time (M seconds
+    GC)", and the GC time of each generation."""
+    times = gc_times(profile)
+    if not times:
+        return []
+    scale = to_ms(profile, 1.0) / 1000.0
+    clock = "wall" if profile.weight == "wall" else "CPU"
+    gens = ", ".join(f"gen {g}: {t * scale:.3f}" for g, t in sorted(times.items()))
+    return [f"  {profile.total_time * scale:.3f} seconds of {clock} time "
+            f"({sum(times.values()) * scale:.3f} seconds GC; {gens})"]
 
 
 def unseen_lines(profile: Profile) -> list[str]:
