@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 from . import realthreads
 from .clocks import read_cpu, thread_clock_id
@@ -42,6 +42,7 @@ class Steering:
         self.errors: list[str] = []
         self._pauses: list[None] = []  # one item per pause not yet resumed
         self.gc_watch: Optional[GCWatch] = None  # collections to file (set before start)
+        self.shadow: Any = None  # use_errortrace: the shadow stacks to sample (set before start)
         self._fresh_locks()
 
     def _record_error(self) -> None:
@@ -215,7 +216,10 @@ class Collector(Steering):
             frames = sys._current_frames()
             targets = tracker.targets(frames)
             del frames
-            recorder.record_tick(targets, now)
+            if self.shadow is not None:
+                recorder.record_tick_shadow(targets, now, self.shadow)
+            else:
+                recorder.record_tick(targets, now)
             if recorder.targets_stale:
                 recorder.targets_stale = False
                 tracker.invalidate()

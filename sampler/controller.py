@@ -22,6 +22,7 @@ from typing import Any, Hashable, Optional, Sequence
 from . import engines, switchinterval
 from .collector import Collector
 from .gctime import GCWatch
+from .shadow import check_mode, make_shadow, shadow_engine
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
 from .tracking import Tracker, flatten
@@ -104,7 +105,7 @@ class Sampler:
     """
 
     def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable],
-                 engine: str = "python", gc_time: bool = True) -> None:
+                 engine: str = "python", gc_time: bool = True, use_errortrace: Any = False) -> None:
         self.custom_keys = tuple(custom_keys)
         self.engine = engine
         self._start_epoch = time.time()
@@ -118,6 +119,9 @@ class Sampler:
         self._collector = collector_class(Tracker(flatten(to_track)), delay, self._recorder)
         self._gc_watch = GCWatch(self._start) if gc_time else None
         self._collector.gc_watch = self._gc_watch
+        self.use_errortrace = use_errortrace
+        self._shadow = make_shadow(use_errortrace, engine) if use_errortrace else None
+        self._collector.shadow = self._shadow
         # Only a collector that takes the GIL needs the switch interval lowered.
         self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
         self._token = next(_tokens)  # this run's claim on the switch interval
@@ -135,6 +139,8 @@ class Sampler:
         if self._gc_watch is not None:
             self._gc_watch.active = True
             self._gc_watch.install()
+        if self._shadow is not None:
+            self._shadow.install()
         self._collector.start()
 
     # -- the Racket face ---------------------------------------------------------
@@ -261,6 +267,8 @@ class Sampler:
                 self._gc_watch.active = not (state[0] or state[1] or self._forked)
                 if state[1] or self._forked:
                     self._gc_watch.remove()
+            if self._shadow is not None and (state[1] or self._forked):
+                self._shadow.remove()
             if not state[0] and not state[1] and not self._forked:
                 if not self._opened:
                     self._opened.append((time.perf_counter(), time.process_time()))
@@ -325,6 +333,8 @@ class Sampler:
         if self._gc_watch is not None:  # the child's collections are nobody's to read
             self._gc_watch.active = False
             self._gc_watch.remove()
+        if self._shadow is not None:
+            self._shadow.remove()
         self._collector.reset_after_fork()
         if self._stop_time is None:
             self._stop_time = time.perf_counter()
@@ -338,6 +348,8 @@ def _stop_dropped(collector: Collector, token: int) -> None:
     collector.stopped = True
     if collector.gc_watch is not None:
         collector.gc_watch.remove()
+    if collector.shadow is not None:
+        collector.shadow.remove()
     collector.wake()
     switchinterval.release(token)
 
@@ -347,7 +359,7 @@ def create_sampler(
     delay: float,
     custom_keys: Optional[Sequence[Hashable]] = None,
     *,
-    use_errortrace: bool = False,
+    use_errortrace: Any = False,
     engine: Optional[str] = None,
     gc_time: bool = True,
 ) -> Sampler:
@@ -357,6 +369,10 @@ def create_sampler(
     :data:`ALL_THREADS`, or a (nested) list of these.  Returns the controller.
     ``engine`` is ``'native'`` (read frames without the GIL; the default where the
     extension is built) or ``'python'`` (see :mod:`sampler.engines`).
+    ``use_errortrace``: ``True`` samples an instrumented shadow stack kept by
+    interpreter events instead of the interpreter's frames, with C functions as
+    frames of their own; ``'python'`` keeps Python frames only, for less cost (see
+    :mod:`sampler.shadow`).
     ``gc_time``: time every garbage collection (``gc.callbacks``) and file it as a
     sample of the stack that triggered it plus a ``<gc>`` frame (see
     :mod:`sampler.gctime`); ``False`` leaves collections inside the samples around them.
@@ -365,14 +381,13 @@ def create_sampler(
     keys = _check_custom_keys(custom_keys)
     flatten(to_track)
     value = _check_delay(delay)
-    if use_errortrace:
-        raise NotImplementedError(
-            "use_errortrace=True (an instrumented shadow stack, seeing C functions too) "
-            "is not implemented yet; sample the interpreter's own stack with the default"
-        )
+    mode = check_mode(use_errortrace)
     if not isinstance(gc_time, bool):
         raise TypeError(f"gc_time must be True or False, not {type(gc_time).__name__}: {gc_time!r}")
-    return Sampler(to_track, value, keys, engines.choose(engine), gc_time)
+    chosen = engines.choose(engine)
+    if mode:
+        chosen = shadow_engine(chosen, engine)
+    return Sampler(to_track, value, keys, chosen, gc_time, mode)
 
 
 def _stop_all_at_exit() -> None:

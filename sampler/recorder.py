@@ -457,6 +457,56 @@ class Recorder:
             ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
         self._walked.clear()
 
+    # -- instrumented stacks (use_errortrace, see sampler.shadow) ---------------------
+    def record_tick_shadow(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
+                           shadow: Any) -> None:
+        """As :meth:`record_tick`, but each running target's stack is its thread's
+        shadow stack (``shadow.stack_of(ident)``: code objects and C functions'
+        frames, outermost first), copied whole under the GIL by this single writer.
+        A thread with no shadow stack yet (no event since sampling started) is walked.
+        Marks still come from the live frames."""
+        self._tick += 1
+        wall_us = int((now - self.start) * 1e6)
+        contexts = self._contexts
+        want_marks = self.sample_marks is not None
+        for target, frame in targets:
+            ctx = contexts.get(target.key)
+            if ctx is None:
+                ctx = self.context(target, clock_for(target), wall_us)
+            if frame is None:
+                if ctx.running:
+                    self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
+                    ctx.running = False
+                continue
+            cpu_us = self._cpu_us(ctx, target)
+            if cpu_us is None:
+                continue
+            entries = shadow.stack_of(target.ident)
+            if entries is None:
+                sid, marks = self._walk(ctx, frame)
+            else:
+                sid = self._shadow_stack_id(entries)
+                marks = self._walk(ctx, frame)[1] if want_marks else ()
+            self._store(ctx, sid, marks, wall_us, cpu_us)
+        self._drop_stale_walks()
+
+    def _shadow_stack_id(self, entries: tuple) -> int:
+        """Intern a shadow stack: code objects (at their first line) and frames."""
+        trie = self._trie
+        codes = self._codes
+        known = trie._stack_ids
+        sid = 0
+        for entry in entries:
+            if type(entry) is CodeType:
+                cf = codes.get(id(entry))
+                fid = cf.get(-1) if cf is not None else None
+                if fid is None:
+                    fid = self._frame_id(entry, -1)
+            else:
+                fid = trie.frame_id(entry)
+            sid = known.get((sid, fid)) or trie.stack_id(sid, fid)
+        return sid
+
     # -- garbage collections (see sampler.gctime) -------------------------------------
     def thread_context(self, ident: int) -> Optional[_Context]:
         """The context of the tracked OS thread ``ident`` (``None``: not sampled yet)."""
