@@ -53,6 +53,7 @@ rarely seen twice, and remembering them would cost memory per new stack."""
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
 ASLEEP = _native.ASLEEP
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
+_C_ENTRY = -2  # the "instruction offset" of a C callable's entry on a shadow stack
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
 
 
@@ -200,11 +201,14 @@ class NativeCollector(Steering):
         self._forked = False
         self._draining: Optional[int] = None  # the thread filing samples now
         self._gc_pending: dict[int, list] = {}  # ident -> collections not filed yet, oldest first
+        self._c_frames: list = []  # use_errortrace: C callables' frames by id
 
     # -- the collector interface (see sampler.collector.Collector) ---------------
     def start(self) -> None:
         start_listeners.add(self._thread_started)
         self._refresh_targets()
+        if self.shadow is not None:
+            self._engine.set_shadow(True)
         self._engine.start()
         self.ident = realthreads.start_new_thread(self._main, ())
 
@@ -522,7 +526,8 @@ class NativeCollector(Steering):
         if sid is not None:
             return sid
         frame = self._resolver.frame
-        frames = [frame(code, lasti, fp) for code, lasti, fp in _ENTRY.iter_unpack(raw)]
+        frames = [frame(code, lasti, fp) if lasti != _C_ENTRY else self._c_frame(code)
+                  for code, lasti, fp in _ENTRY.iter_unpack(raw)]
         frames.reverse()  # outermost first
         if flags & _native.TRUNCATED:
             frames.insert(0, _TRUNCATED)
@@ -535,6 +540,12 @@ class NativeCollector(Steering):
         self._keys[raw] = sid
         self._keys_bytes += len(raw)
         return sid
+
+    def _c_frame(self, cid: int) -> Frame:
+        """The frame of C callable ``cid`` on a shadow stack (use_errortrace)."""
+        if cid >= len(self._c_frames):
+            self._c_frames = _native.shadow_c_frames()
+        return self._c_frames[cid] if cid < len(self._c_frames) else _UNKNOWN
 
     def _mark_set(self, entries: tuple) -> int:
         recorder = self.recorder

@@ -58,6 +58,8 @@ def check_mode(use_errortrace: Any) -> Any:
 def c_frame(callable_: Any) -> Frame:
     """The frame a C function (builtin, method of an extension type, a type called)
     appears as: its qualified name, in ``<C module>``."""
+    if callable_ is None:
+        return Frame("<C function>", f"{C_FILE_PREFIX}?>", 0, None)
     name = getattr(callable_, "__qualname__", None)
     owner = getattr(callable_, "__self__", None)
     if not isinstance(name, str):
@@ -133,12 +135,15 @@ class ShadowStacks:
                 mon.free_tool_id(tool)
             self.tool = None
         else:
-            if sys.getprofile() == self._profile:
-                sys.setprofile(None)
-            if threading.getprofile() == self._profile:  # type: ignore[attr-defined]
-                threading.setprofile(None)  # type: ignore[arg-type]
+            self._remove_profile()
         self._remove_greenlet_trace()
         self.stacks.clear()
+
+    def _remove_profile(self) -> None:
+        if sys.getprofile() == self._profile:
+            sys.setprofile(None)
+        if threading.getprofile() == self._profile:  # type: ignore[attr-defined]
+            threading.setprofile(None)  # type: ignore[arg-type]
 
     def _events(self) -> list:
         E = sys.monitoring.events
@@ -153,21 +158,19 @@ class ShadowStacks:
         tool = free_tool_id()
         mon.use_tool_id(tool, "stackshot")
         self.tool = tool
-        register = mon.register_callback
-        register(tool, E.PY_START, self._push_code)
-        register(tool, E.PY_RESUME, self._push_code)
-        register(tool, E.PY_THROW, self._push_code_exc)
-        register(tool, E.PY_RETURN, self._pop_code)
-        register(tool, E.PY_YIELD, self._pop_code)
-        register(tool, E.PY_UNWIND, self._pop_code)
+        push, pop, call, c_return = self._callbacks()
         mask = 0
-        if self.c_functions:
-            register(tool, E.CALL, self._push_call)
-            register(tool, E.C_RETURN, self._pop_call)
-            register(tool, E.C_RAISE, self._pop_call)
         for event in self._events():
+            callback = {E.PY_START: push, E.PY_RESUME: push, E.PY_THROW: push, E.PY_RETURN: pop,
+                        E.PY_YIELD: pop, E.PY_UNWIND: pop, E.CALL: call}.get(event, c_return)
+            mon.register_callback(tool, event, callback)
             mask |= event
         mon.set_events(tool, mask)
+
+    def _callbacks(self) -> tuple:
+        """The monitoring callbacks: push (PY_START, PY_RESUME, PY_THROW), pop
+        (PY_RETURN, PY_YIELD, PY_UNWIND), call (CALL), C return (C_RETURN, C_RAISE)."""
+        return self._push_code, self._pop_code, self._push_call, self._pop_call
 
     def _install_profile(self) -> None:
         current = sys.getprofile()
@@ -243,16 +246,13 @@ class ShadowStacks:
                 del stack[i:]
                 return
 
-    def _push_code(self, code: CodeType, offset: int) -> None:
+    def _push_code(self, code: CodeType, offset: int, exc: Any = None) -> None:
         ident = self._ident()
         stack = self.stacks.get(ident)
         if stack is None:
             self._seed(ident, sys._getframe(1))  # holds the frame starting now
         else:
             self._push(ident, stack, code)
-
-    def _push_code_exc(self, code: CodeType, offset: int, exc: BaseException) -> None:
-        self._push_code(code, offset)
 
     def _pop_code(self, code: CodeType, offset: int, value: Any) -> None:
         ident = self._ident()
@@ -280,6 +280,8 @@ class ShadowStacks:
         self._push(ident, stack, self._c_entry(callable_))
 
     def _pop_call(self, code: CodeType, offset: int, callable_: Any, arg0: Any) -> None:
+        if is_python_callable(callable_):
+            return
         ident = self._ident()
         stack = self.stacks.get(ident)
         if stack is None:
@@ -320,7 +322,70 @@ def native_shadow_available() -> bool:
     """Whether the native engine has its C callbacks (:class:`NativeShadowStacks`) here."""
     from . import engines
 
-    return engines.native_available() and hasattr(engines._native, "shadow_install")
+    return engines.native_available() and hasattr(engines._native, "shadow_start")
+
+
+class NativeShadowStacks(ShadowStacks):
+    """The same stacks kept by C callbacks (``sampler/_native/shadowstacks.h``), in C
+    memory, which the native collector reads without the GIL (a sequence counter
+    per stack tells it to read again when the owner was writing).
+
+    :meth:`stack_of` gives, outermost first, code objects' *addresses* (ints: an
+    address on a shadow stack is never turned back into an object) and C
+    functions' frames."""
+
+    def __init__(self, c_functions: bool = True) -> None:
+        super().__init__(c_functions)
+        from . import _native
+
+        self._native = _native
+
+    def install(self) -> None:
+        self._native.shadow_start(self.c_functions, c_frame)
+        try:
+            super().install()
+        except BaseException:
+            self._native.shadow_stop()
+            raise
+
+    def remove(self) -> None:
+        if self.installed:
+            self._native.shadow_stop()
+        super().remove()
+
+    def _callbacks(self) -> tuple:
+        n = self._native
+        return n.shadow_push, n.shadow_pop, n.shadow_call, n.shadow_c_return
+
+    def _install_profile(self) -> None:
+        # the C profile function went into every thread state (shadow_start); threads
+        # started later put it in place at their first event
+        if threading.getprofile() is not None:  # type: ignore[attr-defined]
+            raise RuntimeError("use_errortrace before Python 3.12 needs threading.setprofile, which "
+                               "another profiler holds: stop it first, or use Python 3.12+")
+        threading.setprofile(self._native.shadow_profile_bootstrap)
+
+    def _remove_profile(self) -> None:
+        if threading.getprofile() is self._native.shadow_profile_bootstrap:  # type: ignore[attr-defined]
+            threading.setprofile(None)  # type: ignore[arg-type]
+
+    def unseed(self) -> None:
+        self._native.shadow_unseed()
+
+    def stack_of(self, ident: Optional[int]) -> Optional[tuple]:
+        state = self._native.thread_states().get(ident)
+        if state is None:
+            return None
+        entries = self._native.shadow_stack(state[0])
+        return None if entries is None else tuple(entries)
+
+    @property
+    def overflow(self) -> int:  # type: ignore[override]
+        return self._native.shadow_stats()["overflow"]
+
+    @overflow.setter
+    def overflow(self, value: int) -> None:
+        pass
 
 
 def shadow_engine(chosen: str, requested: Optional[str]) -> str:
@@ -338,7 +403,5 @@ def shadow_engine(chosen: str, requested: Optional[str]) -> str:
 def make_shadow(mode: Any, engine: str) -> Any:
     """The shadow stacks for ``mode`` (``True`` or ``'python'``) on ``engine``."""
     if engine == "native":
-        from .native_engine import NativeShadowStacks
-
         return NativeShadowStacks(c_functions=mode is True)
     return ShadowStacks(c_functions=mode is True)

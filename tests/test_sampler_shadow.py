@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from sampler import create_sampler
+from sampler.shadow import ShadowStacks
 from sampler.snapshot import Frame
 
 
@@ -32,19 +33,19 @@ class Checker:
         self.c_seen = []
 
     def check(self):
-        live = _live_codes()
+        live = [id(c) for c in _live_codes()]
         entries = self.shadow.stack_of(threading.get_ident())
         assert entries is not None
-        own = {Checker.check.__code__, type(self.shadow).stack_of.__code__} | {
-            getattr(getattr(type(self.shadow), n, None), "__code__", None) for n in ("stack_of",)}
-        py = [e for e in entries if not isinstance(e, Frame)]
-        c = [e for e in entries if isinstance(e, Frame)]
+        # the reader's own Python frames (pushed when it was called) are not the caller's
+        own = {id(Checker.check.__code__), id(type(self.shadow).stack_of.__code__),
+               id(ShadowStacks.stack_of.__code__)}
+        py = [e if isinstance(e, int) else id(e) for e in entries if not isinstance(e, Frame)]
+        c = [e.name for e in entries if isinstance(e, Frame)
+             and e.name not in ("thread_states", "shadow_stack", "dict.get", "get")]
         while py and py[-1] in own:
             py.pop()
-        assert [c.co_qualname if hasattr(c, "co_qualname") else c.co_name for c in py] == \
-            [c.co_qualname if hasattr(c, "co_qualname") else c.co_name for c in live]
         assert py == live
-        self.c_seen.append([f.name for f in c])
+        self.c_seen.append(c)
         self.checked += 1
 
 
@@ -237,7 +238,7 @@ def test_another_profile_function_is_a_clear_error_before_312(sampler_engine):
 
     sys.setprofile(other)
     try:
-        with pytest.raises(RuntimeError, match="another profiler holds it"):
+        with pytest.raises(RuntimeError, match="another profiler holds"):
             _mode_sampler(True)
     finally:
         sys.setprofile(None)
