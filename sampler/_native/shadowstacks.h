@@ -66,11 +66,13 @@ static ss_shadow *ss_shadow_find(uintptr_t tstate) {
     return NULL;
 }
 
-/* The calling thread's stack (it holds the GIL), made on first use; NULL: no memory. */
+/* The calling thread's stack (it holds the GIL), made on first use; NULL: no memory.
+ * Remembered per OS thread (an OS thread runs one thread state here); looked up by
+ * thread state only when the thread has none yet. */
 static ss_shadow *ss_shadow_mine(void) {
-    uintptr_t tstate = (uintptr_t)PyThreadState_Get();
     ss_shadow *s = ss_my_shadow;
-    if (s != NULL && s->tstate == tstate) return s;
+    if (s != NULL) return s;
+    uintptr_t tstate = (uintptr_t)PyThreadState_Get();
     s = ss_shadow_find(tstate);
     if (s == NULL) {
         s = calloc(1, sizeof *s);
@@ -85,8 +87,13 @@ static ss_shadow *ss_shadow_mine(void) {
     return s;
 }
 
-static inline void ss_shadow_begin(ss_shadow *s) { __atomic_add_fetch(&s->seq, 1, __ATOMIC_ACQ_REL); }
-static inline void ss_shadow_end(ss_shadow *s) { __atomic_add_fetch(&s->seq, 1, __ATOMIC_RELEASE); }
+/* One writer per stack (its thread, under the GIL): no read-modify-write needed,
+ * only the order of the stores (odd count, entries, even count). */
+static inline void ss_shadow_begin(ss_shadow *s) {
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+static inline void ss_shadow_end(ss_shadow *s) { __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE); }
 
 static inline void ss_shadow_set_depth(ss_shadow *s, uint32_t depth) {
     __atomic_store_n(&s->depth, depth, __ATOMIC_RELAXED);
