@@ -140,7 +140,16 @@ class Sampler:
             self._gc_watch.active = True
             self._gc_watch.install()
         if self._shadow is not None:
-            self._shadow.install()
+            try:
+                self._shadow.install()
+            except BaseException:  # nothing of this run may stay behind
+                self._collector.stopped = True
+                if self._gc_watch is not None:
+                    self._gc_watch.remove()
+                self._finalizer.detach()
+                switchinterval.release(self._token)
+                _live.discard(self)
+                raise
         self._collector.start()
 
     # -- the Racket face ---------------------------------------------------------

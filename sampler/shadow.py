@@ -340,17 +340,28 @@ class NativeShadowStacks(ShadowStacks):
 
         self._native = _native
 
+    _running: list = []  # the one instance whose session runs (the C state is the module's)
+
     def install(self) -> None:
+        if NativeShadowStacks._running:
+            raise RuntimeError("another sampler with use_errortrace runs on the native engine: "
+                               "stop it first (the C shadow stacks are one per process)")
         self._native.shadow_start(self.c_functions, c_frame)
+        NativeShadowStacks._running.append(self)
         try:
             super().install()
         except BaseException:
-            self._native.shadow_stop()
+            self._end_session()
             raise
+
+    def _end_session(self) -> None:
+        if self in NativeShadowStacks._running:
+            NativeShadowStacks._running.remove(self)
+            self._native.shadow_stop()
 
     def remove(self) -> None:
         if self.installed:
-            self._native.shadow_stop()
+            self._end_session()
         super().remove()
 
     def _callbacks(self) -> tuple:

@@ -248,3 +248,19 @@ def test_another_profile_function_is_a_clear_error_before_312(sampler_engine):
 def test_use_errortrace_is_checked(sampler_engine):
     with pytest.raises(ValueError, match="use_errortrace must be False, True"):
         create_sampler(threading.current_thread(), 0.01, use_errortrace="c")
+
+
+@pytest.mark.engines("native")
+def test_one_native_errortrace_sampler_at_a_time(sampler_engine):
+    from sampler.shadow import native_shadow_available
+
+    if not native_shadow_available():
+        pytest.skip("the native shadow stacks are not built here")
+    with _mode_sampler(True):
+        with pytest.raises(RuntimeError, match="another sampler with use_errortrace runs"):
+            _mode_sampler("python")
+    _no_hooks_left()
+    with _mode_sampler("python") as sampler:  # the first one's end let it go
+        ck = Checker(sampler)
+        ck.check()
+    assert not any(getattr(h, "__self__", None).__class__.__name__ == "GCWatch" for h in __import__("gc").callbacks)
