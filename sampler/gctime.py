@@ -22,7 +22,7 @@ interval so that nothing is counted twice.
 Both clocks are read: on a loaded machine a collection's wall time includes time the
 thread waited for a core, and CPU weighting must not charge that.  Reading the
 thread's CPU clock is a system call (about 1.6 µs each on the development machines,
-half the hook's cost).  Cost per collection: ``python -m sampler.gctime`` prints it.
+half the hook's cost).  Cost per collection: ``python benchmarks/bench_gctime.py``.
 """
 
 from __future__ import annotations
@@ -127,29 +127,3 @@ class GCWatch:
                 break
             out.append(events.popleft())
         return out
-
-
-def _measure(n: int = 20000) -> None:
-    """Print the cost per collection of the hook (collections of an empty young
-    generation, with and without the hook)."""
-    watch = GCWatch(time.perf_counter())
-    watch.active = True
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            gc.collect(0)
-        return (time.perf_counter() - t0) / n
-
-    best_without = min(run() for _ in range(5))
-    watch.install()
-    try:
-        best_with = min(run() for _ in range(5))
-    finally:
-        watch.remove()
-    print(f"gc.collect(0): {best_without * 1e6:.2f} us without the hook, {best_with * 1e6:.2f} us with it: "
-          f"{(best_with - best_without) * 1e6:.2f} us per collection")
-
-
-if __name__ == "__main__":
-    _measure()
