@@ -330,6 +330,9 @@ class Sampler:
         extra = dict(getattr(self._collector, "extra_info", dict)())
         if self._forked:
             extra["forked_child"] = True
+        if self._shadow is not None:  # the samples are of instrumented stacks
+            extra["use_errortrace"] = self.use_errortrace
+            extra["shadow_overflow"] = self._shadow.overflow
         if self._gc_watch is not None:
             extra["gc_collections"] = self._gc_watch.collections
             # per generation, of the collections filed (in sampled threads)

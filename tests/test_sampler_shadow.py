@@ -178,10 +178,12 @@ def _no_hooks_left():
 @pytest.mark.parametrize("mode", ["python", True])
 def test_start_and_stop_leave_no_hook(sampler_engine, mode):
     _no_hooks_left()
-    with _mode_sampler(mode):
+    with _mode_sampler(mode) as sampler:
         if sys.version_info >= (3, 12):
             assert "stackshot" in [sys.monitoring.get_tool(t) for t in range(6)]
     _no_hooks_left()
+    extra = sampler.get_snapshots().runs[0].extra
+    assert extra["use_errortrace"] == mode and extra["shadow_overflow"] == 0
 
 
 def test_coexists_with_settrace(sampler_engine):
@@ -264,3 +266,23 @@ def test_one_native_errortrace_sampler_at_a_time(sampler_engine):
         ck = Checker(sampler)
         ck.check()
     assert not any(getattr(h, "__self__", None).__class__.__name__ == "GCWatch" for h in __import__("gc").callbacks)
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_deeper_than_the_bound_is_counted_and_the_stack_stays_exact(sampler_engine, mode):
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 3000))
+
+    def down(n):
+        if n:
+            return down(n - 1)
+        return 0
+
+    try:
+        with _mode_sampler(mode) as sampler:
+            ck = Checker(sampler)
+            down(1200)  # past the 1024 entries a stack keeps
+            ck.check()  # the pops of the uncounted entries left it exact
+    finally:
+        sys.setrecursionlimit(limit)
+    assert sampler.get_snapshots().runs[0].extra["shadow_overflow"] > 0

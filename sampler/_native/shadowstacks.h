@@ -357,6 +357,7 @@ static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
     }
 #endif
     __atomic_add_fetch(&ss_shadow_epoch, 1, __ATOMIC_RELEASE);
+    ss_shadow_overflow = 0;  /* counted per session */
     ss_shadow_c = c_functions;
     ss_shadow_on = 1;
 #if PY_VERSION_HEX < 0x030C0000
