@@ -38,7 +38,7 @@ def analyze_samples(
     threads: ThreadSelection = None,
     marks: Optional[MarkFilter] = None,
     unit: Optional[str] = None,
-    gc_frames: str = "stack",
+    gc_frames: str = "root",
 ) -> Profile:
     """Turn sampled stacks into a call-graph :class:`Profile` (Racket's ``analyze-samples``).
 
@@ -64,9 +64,10 @@ def analyze_samples(
     a ``{key: value}`` mapping or a predicate on :class:`~analyzer.markfilter.Marks`.
     ``unit``: the time unit of the raw shape's thread times (default Racket's
     ``'ms'``); snapshots are always in seconds.
-    ``gc_frames``: where garbage collections go (:mod:`analyzer.gcview`): ``'stack'``
-    (under the stack that triggered them), ``'root'`` (one ``<gc>`` node per
-    generation under the root) or ``'hide'`` (left out).
+    ``gc_frames``: where garbage collections go (:mod:`analyzer.gcview`): ``'root'``
+    (the default: a ``<gc>`` node under the root, MLton's separate GC time),
+    ``'stack'`` (under the stack that triggered them: who made the garbage) or
+    ``'hide'`` (left out).
     """
     _check_options(weight, granularity, interval)
     check_gc(gc_frames)

@@ -1,11 +1,12 @@
 """Garbage collection time in a profile: where ``<gc>`` frames go, and how much.
 
 The sampler files each collection as a sample of the stack that triggered it plus a
-``<gc>`` frame whose first line is the generation (:mod:`sampler.gctime`).  By
-default a profile shows it there (``gc='stack'``: who allocated the garbage);
-``gc='root'`` shows every collection as a ``<gc>`` function called from the root,
-apart from the program's functions (MLton's separate GC line); ``gc='hide'`` drops
-that time from the profile (the samples stay, as idle samples charged to nobody).
+``<gc>`` frame whose line is the generation (:mod:`sampler.gctime`).  By default
+(``gc_frames='root'``) a profile shows every collection under one ``<gc>`` function
+called from the root, apart from the program's functions (MLton's separate GC
+time; a report stays short); ``'stack'`` keeps it under the stack that triggered it
+(who made the garbage); ``'hide'`` drops that time from the profile (the samples
+stay, as idle samples charged to nobody).
 """
 
 from __future__ import annotations
@@ -63,10 +64,29 @@ def place_gc(snapshots: Any, gc: str) -> Any:
 
 
 def gc_times(profile: Any) -> dict[int, float]:
-    """Generation -> time of the profile's ``<gc>`` nodes (empty: no collection filed)."""
+    """Generation -> time of the profile's collections (empty: none filed).
+
+    At line granularity each generation is a node of its own; at function granularity
+    the generations share one ``<gc>`` node, whose time is split as the sampler runs
+    recorded it per generation (``RunInfo.extra``, ``gc_seconds`` or
+    ``gc_wall_seconds`` by the profile's weight); without that record, all of it is
+    under generation ``-1`` (unknown)."""
     out: dict[int, float] = {}
+    total = 0.0
     for node in profile.nodes:
         frame = node.frame
-        if frame is not None and len(frame) >= 3 and is_gc_frame(frame):
-            out[frame[2]] = out.get(frame[2], 0.0) + node.self
-    return out
+        if frame is not None and len(frame) >= 4 and is_gc_frame(frame):
+            total += node.self
+            if frame[3] is not None:
+                out[frame[3]] = out.get(frame[3], 0.0) + node.self
+    if not total or out:
+        return out
+    key = "gc_wall_seconds" if profile.weight == "wall" else "gc_seconds"
+    recorded: dict[int, float] = {}
+    for run in profile.runs:
+        for gen, seconds in (getattr(run, "extra", None) or {}).get(key, {}).items():
+            recorded[int(gen)] = recorded.get(int(gen), 0.0) + float(seconds)
+    whole = sum(recorded.values())
+    if not whole:
+        return {-1: total}
+    return {gen: total * seconds / whole for gen, seconds in sorted(recorded.items())}

@@ -47,9 +47,10 @@ GC_FILE = "<gc>"
 
 
 def gc_frame(generation: int) -> Frame:
-    """The frame a collection of ``generation`` appears as (one function per generation:
-    ``<gc>`` in ``<gc>``, its first line the generation)."""
-    return Frame(GC_NAME, GC_FILE, generation, generation)
+    """The frame a collection of ``generation`` appears as: one function, ``<gc>`` in
+    ``<gc>``, whose *line* is the generation (one node per generation at line
+    granularity, one in all at function granularity: a report stays short)."""
+    return Frame(GC_NAME, GC_FILE, 0, generation)
 
 
 def is_gc_frame(frame: Any) -> bool:

@@ -134,9 +134,10 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
     lines = ["Profiling results", "-----------------"]
     if profile.weight == "wall":
         lines.append(f"  Total wall time observed: {format_ms(total_ms)} "
-                     f"(out of {format_ms(cpu_ms)} process cpu time)")
+                     f"(out of {format_ms(cpu_ms)} process cpu time{gc_note(profile)})")
     else:
-        lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
+        lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)}"
+                     f"{gc_note(profile)})")
     n = profile.sample_number
     lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
     engines = sorted({r.engine for r in profile.runs if getattr(r, "engine", "")})
@@ -153,7 +154,6 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float)
         if len(threads) > _THREADS_LISTED:
             parts.append(f"and {len(threads) - _THREADS_LISTED} more")
         lines.append(f"  Threads observed: {len(threads)}: " + ", ".join(parts))
-    lines.extend(gc_lines(profile))
     lines.extend(unseen_lines(profile))
     if n_hidden:
         lines.append(f"  (Hiding functions with self<={hide_self * 100:.1f}% and "
@@ -176,17 +176,15 @@ def _period(profile: Profile, total_ms: float) -> str:
     return f" (once every {format_ms(total_ms / n)})" if n else ""
 
 
-def gc_lines(profile: Profile) -> list[str]:
-    """MLton's line, when collections were filed: "N seconds of CPU time (M seconds
-    GC)", and the GC time of each generation."""
+def gc_note(profile: Profile) -> str:
+    """MLton's separate GC time, for the header's first line when collections were
+    filed: "; GC 63ms = gen0 11 + gen1 15 + gen2 37" (milliseconds)."""
     times = gc_times(profile)
     if not times:
-        return []
-    scale = to_ms(profile, 1.0) / 1000.0
-    clock = "wall" if profile.weight == "wall" else "CPU"
-    gens = ", ".join(f"gen {g}: {t * scale:.3f}" for g, t in sorted(times.items()))
-    return [f"  {profile.total_time * scale:.3f} seconds of {clock} time "
-            f"({sum(times.values()) * scale:.3f} seconds GC; {gens})"]
+        return ""
+    ms = to_ms(profile, 1.0)
+    gens = " + ".join(f"gen{g} {format_ms(t * ms)}" for g, t in sorted(times.items()) if g >= 0)
+    return f"; GC {format_ms(sum(times.values()) * ms)}" + (f" = {gens}" if gens else "")
 
 
 def unseen_lines(profile: Profile) -> list[str]:
