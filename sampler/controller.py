@@ -373,7 +373,7 @@ def create_sampler(
     *,
     use_errortrace: Any = False,
     engine: Optional[str] = None,
-    gc_time: bool = True,
+    gc_time: Optional[bool] = None,
 ) -> Sampler:
     """Start a collector thread sampling ``to_track`` every ``delay`` seconds.
 
@@ -388,17 +388,23 @@ def create_sampler(
     ``gc_time``: time every garbage collection (``gc.callbacks``) and file it as a
     sample of the stack that triggered it plus a ``<gc>`` frame (see
     :mod:`sampler.gctime`); ``False`` leaves collections inside the samples around them.
+    The default, ``None``, is ``True`` on the native engine and ``False`` on the
+    Python one: a hook that runs Python code inside every collection lets the GIL
+    change hands there, and the Python collector's frame walk then crashed CPython
+    3.11 under a 6,000-deep recursion (``tests/native_stress.py deep_oscillation``).
     Arguments are checked before any thread starts.
     """
     keys = _check_custom_keys(custom_keys)
     flatten(to_track)
     value = _check_delay(delay)
     mode = check_mode(use_errortrace)
-    if not isinstance(gc_time, bool):
+    if gc_time is not None and not isinstance(gc_time, bool):
         raise TypeError(f"gc_time must be True or False, not {type(gc_time).__name__}: {gc_time!r}")
     chosen = engines.choose(engine)
     if mode:
         chosen = shadow_engine(chosen, engine)
+    if gc_time is None:
+        gc_time = chosen == "native"
     return Sampler(to_track, value, keys, chosen, gc_time, mode)
 
 

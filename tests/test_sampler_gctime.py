@@ -48,7 +48,7 @@ def test_collections_are_gc_samples_matching_the_callbacks_cpu_time(sampler_engi
             measured["n"] += 1
 
     cpu0 = time.thread_time()
-    sampler = create_sampler(threading.current_thread(), 0.002)
+    sampler = create_sampler(threading.current_thread(), 0.002, gc_time=True)
     gc.callbacks.append(timing)
     try:
         _cycles_for(0.8)
@@ -79,7 +79,7 @@ def test_collections_are_gc_samples_matching_the_callbacks_cpu_time(sampler_engi
 
 def test_the_hook_is_installed_while_sampling_and_gone_after_stop(sampler_engine):
     assert not any(_ours(h) for h in gc.callbacks)
-    with create_sampler(threading.current_thread(), 0.005) as sampler:
+    with create_sampler(threading.current_thread(), 0.005, gc_time=True) as sampler:
         assert sum(_ours(h) for h in gc.callbacks) == 1
         sampler.pause()
         gc.collect()
@@ -87,11 +87,13 @@ def test_the_hook_is_installed_while_sampling_and_gone_after_stop(sampler_engine
     assert not any(_ours(h) for h in gc.callbacks)
     with create_sampler(threading.current_thread(), 0.005, gc_time=False):
         assert not any(_ours(h) for h in gc.callbacks)
+    with create_sampler(threading.current_thread(), 0.005) as sampler:  # the engine's default
+        assert sum(_ours(h) for h in gc.callbacks) == (sampler.engine == "native")
 
 
 @pytest.mark.engines("python")
 def test_collections_while_paused_are_not_recorded():
-    sampler = create_sampler(threading.current_thread(), 0.005)
+    sampler = create_sampler(threading.current_thread(), 0.005, gc_time=True)
     try:
         sampler.pause()
         for _ in range(5):
