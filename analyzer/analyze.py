@@ -14,6 +14,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, Optional, Sequen
 
 from . import memory
 from .fromsnapshots import aggregate, node_rows
+from .gcview import check_gc, place_gc
 from .graph import NodeInfo, StackRow, build_graph
 from .markfilter import MISSING, MarkFilter, key_position, mark_set_filter, value_of
 from .model import UNITS, Profile
@@ -38,6 +39,7 @@ def analyze_samples(
     threads: ThreadSelection = None,
     marks: Optional[MarkFilter] = None,
     unit: Optional[str] = None,
+    gc_frames: str = "root",
 ) -> Profile:
     """Turn sampled stacks into a call-graph :class:`Profile` (Racket's ``analyze-samples``).
 
@@ -63,8 +65,13 @@ def analyze_samples(
     a ``{key: value}`` mapping or a predicate on :class:`~analyzer.markfilter.Marks`.
     ``unit``: the time unit of the raw shape's thread times (default Racket's
     ``'ms'``); snapshots are always in seconds.
+    ``gc_frames``: where garbage collections go (:mod:`analyzer.gcview`): ``'root'``
+    (the default: a ``<gc>`` node under the root, MLton's separate GC time),
+    ``'stack'`` (under the stack that triggered them: who made the garbage) or
+    ``'hide'`` (left out).
     """
     _check_options(weight, granularity, interval)
+    check_gc(gc_frames)
     value = _recognise(samples)
     interval = resolve_interval(interval, raw=isinstance(value, tuple))
     if isinstance(value, tuple):  # the raw shape
@@ -74,6 +81,7 @@ def analyze_samples(
     if unit not in (None, "s"):
         raise ValueError(f"unit= applies to the raw shape only; snapshot times are seconds, "
                          f"not {unit!r}")
+    value = place_gc(value, gc_frames)
     wanted = _snapshot_threads(threads, value.threads)
     groups_of = None
     if marks is not None:

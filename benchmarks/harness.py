@@ -404,6 +404,7 @@ def summarise(raw: dict, configs: list[str]) -> dict:
             if engines:
                 entry["engine"] = ",".join(engines)
             entry.update(_gap_figures(rs))
+            entry.update(_gc_figures(rs))
             analysis_errors = [s["analysis_error"] for s in stats if s.get("analysis_error")]
             if analysis_errors:
                 entry["analysis_errors"] = analysis_errors
@@ -491,6 +492,18 @@ def _gap_figures(rs: list) -> dict:
             "gap_matched_median_us": _median([x.get("gap_matched_median_us") for x in ws]),
             "gap_chance_ticks_hit": _median([x.get("gap_chance_ticks_hit") for x in ws]),
             "gap_chance_lost_us_per_tick": _median([x.get("gap_chance_lost_us_per_tick") for x in ws])}
+
+
+def _gc_figures(rs: list) -> dict:
+    """The ``gc_heavy`` workload: the GC time the profiler reported over the time of the
+    collections the workload timed itself (``gc.callbacks``): 1.0 is exact."""
+    ratios = []
+    for r in rs:
+        measured = (r.get("workload_stats") or {}).get("gc_callback_seconds")
+        reported = (r.get("stats") or {}).get("gc_seconds")
+        if measured and reported is not None:
+            ratios.append(reported / measured)
+    return {"gc_reported_over_measured": _median(ratios)} if ratios else {}
 
 
 def stackshot_configs(configs: list[str]) -> list[str]:

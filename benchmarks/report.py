@@ -400,6 +400,13 @@ def _issue9_sections(result: dict) -> list[str]:
                          _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"),
                          _fmt(e.get("gap_excess_share"), "+.1%")])
         lines += _table(["profiler", "hit", "lost/tick", "median pause hit", "excess/tick", "excess"], rows)
+    gc_heavy = s.get("gc_heavy")
+    if ours and gc_heavy:
+        lines += ["GC time (`gc_heavy`: reference cycles): the `<gc>` CPU time stackshot filed over the "
+                  "collections' CPU time the workload measured with its own `gc.callbacks` hook "
+                  "(1.0 is exact; collections before a thread's first sample are not filed):", ""]
+        lines += _table(["profiler", "reported / measured"], [
+            [c, _fmt(gc_heavy["configs"].get(c, {}).get("gc_reported_over_measured"), ".3f")] for c in ours])
     rate_w = [w for w in ("deep", "threads8") if w in s]
     if ours and rate_w:
         lines += ["## Achieved rate with 1 and 8 busy threads (% of requested)", "",

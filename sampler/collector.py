@@ -15,10 +15,11 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 from . import realthreads
 from .clocks import read_cpu, thread_clock_id
+from .gctime import GCWatch
 from .recorder import Recorder
 from .tracking import Tracker, collector_idents
 
@@ -40,6 +41,8 @@ class Steering:
         self.error_count = 0
         self.errors: list[str] = []
         self._pauses: list[None] = []  # one item per pause not yet resumed
+        self.gc_watch: Optional[GCWatch] = None  # collections to file (set before start)
+        self.shadow: Any = None  # use_errortrace: the shadow stacks to sample (set before start)
         self._fresh_locks()
 
     def _record_error(self) -> None:
@@ -206,10 +209,17 @@ class Collector(Steering):
         until that context's next sample."""
         recorder = self.recorder
         try:
+            watch = self.gc_watch
+            if watch is not None and watch.events:
+                # the collections that ended before this tick, before its samples
+                recorder.record_gc(watch.take(int((now - recorder.start) * 1e6)))
             frames = sys._current_frames()
             targets = tracker.targets(frames)
             del frames
-            recorder.record_tick(targets, now)
+            if self.shadow is not None:
+                recorder.record_tick_shadow(targets, now, self.shadow)
+            else:
+                recorder.record_tick(targets, now)
             if recorder.targets_stale:
                 recorder.targets_stale = False
                 tracker.invalidate()

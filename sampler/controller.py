@@ -22,6 +22,8 @@ from typing import Any, Hashable, Optional, Sequence
 
 from . import engines, switchinterval
 from .collector import Collector
+from .gctime import GCWatch
+from .shadow import check_mode, make_shadow, shadow_engine
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
 from .tracking import Tracker, TrackingWarning, ended, flatten, not_started
@@ -104,7 +106,7 @@ class Sampler:
     """
 
     def __init__(self, to_track: Any, delay: float, custom_keys: Sequence[Hashable],
-                 engine: str = "python") -> None:
+                 engine: str = "python", gc_time: bool = True, use_errortrace: Any = False) -> None:
         self.custom_keys = tuple(custom_keys)
         self.engine = engine
         self._start_epoch = time.time()
@@ -118,6 +120,11 @@ class Sampler:
         leaves = flatten(to_track)
         self._collector = collector_class(Tracker(leaves), delay, self._recorder)
         self._watch_leaves(leaves)
+        self._gc_watch = GCWatch(self._start) if gc_time else None
+        self._collector.gc_watch = self._gc_watch
+        self.use_errortrace = use_errortrace
+        self._shadow = make_shadow(use_errortrace, engine) if use_errortrace else None
+        self._collector.shadow = self._shadow
         # Only a collector that takes the GIL needs the switch interval lowered.
         self._lowers_interval = getattr(self._collector, "needs_switch_interval", True)
         self._token = next(_tokens)  # this run's claim on the switch interval
@@ -132,6 +139,20 @@ class Sampler:
             switchinterval.want(self._token, delay)
         _live.add(self)
         self._finalizer = weakref.finalize(self, _stop_dropped, self._collector, self._token)
+        if self._gc_watch is not None:
+            self._gc_watch.active = True
+            self._gc_watch.install()
+        if self._shadow is not None:
+            try:
+                self._shadow.install()
+            except BaseException:  # nothing of this run may stay behind
+                self._collector.stopped = True
+                if self._gc_watch is not None:
+                    self._gc_watch.remove()
+                self._finalizer.detach()
+                switchinterval.release(self._token)
+                _live.discard(self)
+                raise
         self._collector.start()
 
     # -- the Racket face ---------------------------------------------------------
@@ -278,6 +299,12 @@ class Sampler:
         c = self._collector
         while True:
             state = (c.paused, c.stopped, c.delay)
+            if self._gc_watch is not None:
+                self._gc_watch.active = not (state[0] or state[1] or self._forked)
+                if state[1] or self._forked:
+                    self._gc_watch.remove()
+            if self._shadow is not None and (state[1] or self._forked):
+                self._shadow.remove()
             if not state[0] and not state[1] and not self._forked:
                 if not self._opened:
                     self._opened.append((time.perf_counter(), time.process_time()))
@@ -330,10 +357,23 @@ class Sampler:
         extra = dict(getattr(self._collector, "extra_info", dict)())
         if self._forked:
             extra["forked_child"] = True
+        if self._shadow is not None:  # the samples are of instrumented stacks
+            extra["use_errortrace"] = self.use_errortrace
+            extra["shadow_overflow"] = self._shadow.overflow
+        if self._gc_watch is not None:
+            extra["gc_collections"] = self._gc_watch.collections
+            # per generation, of the collections filed (in sampled threads)
+            extra["gc_seconds"] = {str(g): us / 1e6 for g, us in sorted(self._recorder.gc_cpu.items())}
+            extra["gc_wall_seconds"] = {str(g): us / 1e6 for g, us in sorted(self._recorder.gc_wall.items())}
         return extra
 
     def _after_fork_in_child(self) -> None:
         self._forked = True
+        if self._gc_watch is not None:  # the child's collections are nobody's to read
+            self._gc_watch.active = False
+            self._gc_watch.remove()
+        if self._shadow is not None:
+            self._shadow.remove()
         self._collector.reset_after_fork()
         if self._stop_time is None:
             self._stop_time = time.perf_counter()
@@ -345,6 +385,10 @@ def _stop_dropped(collector: Collector, token: int) -> None:
     read what it collects any more, so end its collector and give the interval back.
     Holds no reference to the controller, only to what it owned."""
     collector.stopped = True
+    if collector.gc_watch is not None:
+        collector.gc_watch.remove()
+    if collector.shadow is not None:
+        collector.shadow.remove()
     collector.wake()
     switchinterval.release(token)
 
@@ -354,8 +398,9 @@ def create_sampler(
     delay: float,
     custom_keys: Optional[Sequence[Hashable]] = None,
     *,
-    use_errortrace: bool = False,
+    use_errortrace: Any = False,
     engine: Optional[str] = None,
+    gc_time: Optional[bool] = None,
 ) -> Sampler:
     """Start a collector thread sampling ``to_track`` every ``delay`` seconds.
 
@@ -363,17 +408,31 @@ def create_sampler(
     :data:`ALL_THREADS`, or a (nested) list of these.  Returns the controller.
     ``engine`` is ``'native'`` (read frames without the GIL; the default where the
     extension is built) or ``'python'`` (see :mod:`sampler.engines`).
+    ``use_errortrace``: ``True`` samples an instrumented shadow stack kept by
+    interpreter events instead of the interpreter's frames, with C functions as
+    frames of their own; ``'python'`` keeps Python frames only, for less cost (see
+    :mod:`sampler.shadow`).
+    ``gc_time``: time every garbage collection (``gc.callbacks``) and file it as a
+    sample of the stack that triggered it plus a ``<gc>`` frame (see
+    :mod:`sampler.gctime`); ``False`` leaves collections inside the samples around them.
+    The default, ``None``, is ``True`` on the native engine and ``False`` on the
+    Python one: a hook that runs Python code inside every collection lets the GIL
+    change hands there, and the Python collector's frame walk then crashed CPython
+    3.11 under a 6,000-deep recursion (``tests/native_stress.py deep_oscillation``).
     Arguments are checked before any thread starts.
     """
     keys = _check_custom_keys(custom_keys)
     flatten(to_track)
     value = _check_delay(delay)
-    if use_errortrace:
-        raise NotImplementedError(
-            "use_errortrace=True (an instrumented shadow stack, seeing C functions too) "
-            "is not implemented yet; sample the interpreter's own stack with the default"
-        )
-    return Sampler(to_track, value, keys, engines.choose(engine))
+    mode = check_mode(use_errortrace)
+    if gc_time is not None and not isinstance(gc_time, bool):
+        raise TypeError(f"gc_time must be True or False, not {type(gc_time).__name__}: {gc_time!r}")
+    chosen = engines.choose(engine)
+    if mode:
+        chosen = shadow_engine(chosen, engine)
+    if gc_time is None:
+        gc_time = chosen == "native"
+    return Sampler(to_track, value, keys, chosen, gc_time, mode)
 
 
 def _caller_level() -> int:

@@ -54,6 +54,7 @@ rarely seen twice, and remembering them would cost memory per new stack."""
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
 ASLEEP = _native.ASLEEP
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
+_C_ENTRY = -2  # the "instruction offset" of a C callable's entry on a shadow stack
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
 
 
@@ -204,11 +205,15 @@ class NativeCollector(Steering):
         self._stats_after_stop: Optional[dict] = None
         self._forked = False
         self._draining: Optional[int] = None  # the thread filing samples now
+        self._gc_pending: dict[int, list] = {}  # ident -> collections not filed yet, oldest first
+        self._c_frames: list = []  # use_errortrace: C callables' frames by id
 
     # -- the collector interface (see sampler.collector.Collector) ---------------
     def start(self) -> None:
         start_listeners.add(self._thread_started)
         self._refresh_targets()
+        if self.shadow is not None:
+            self._engine.set_shadow(True)
         self._engine.start()
         self.ident = realthreads.start_new_thread(self._main, ())
 
@@ -458,12 +463,15 @@ class NativeCollector(Steering):
         if codes:
             self._resolver.learn(codes)
         self._switch_logs: dict[int, list] = {}  # this drain's copies (sampler.greenlets)
+        pending = self._take_gc()
         for number, flags, wall_ns, cpu_ns, base, raw, marks in samples:
             slot = self._slots.get(number)
             if slot is None:
                 continue
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
+            if pending:
+                self._file_gc(pending, slot.ident, wall_us)
             if raw is None:  # the thread did not run since its last sample
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
@@ -483,6 +491,30 @@ class NativeCollector(Steering):
             slot.last_raw, slot.last_asleep = raw, bool(flags & ASLEEP)
             if not waiting:
                 slot.ran = (sid, base, mid)
+
+    def _take_gc(self) -> dict:
+        """The collections not filed yet, by thread (those of threads not read are
+        dropped: no sample of theirs will ever come to file them before)."""
+        pending = self._gc_pending
+        watch = self.gc_watch
+        if watch is not None and watch.events:
+            for event in watch.take():
+                pending.setdefault(event[0], []).append(event)
+        if pending:
+            read = {slot.ident for slot in self._slots.values()}
+            for ident in [i for i in pending if i not in read]:
+                del pending[ident]
+        return pending
+
+    def _file_gc(self, pending: dict, ident: int, wall_us: int) -> None:
+        """File the collections of thread ``ident`` that ended before ``wall_us``."""
+        events = pending.get(ident)
+        if events and events[0][3] <= wall_us:
+            n = 0
+            while n < len(events) and events[n][3] <= wall_us:
+                n += 1
+            self.recorder.record_gc(events[:n])
+            del events[:n]
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and
@@ -524,7 +556,8 @@ class NativeCollector(Steering):
         if sid is not None:
             return sid
         frame = self._resolver.frame
-        frames = [frame(code, lasti, fp) for code, lasti, fp in _ENTRY.iter_unpack(raw)]
+        frames = [frame(code, lasti, fp) if lasti != _C_ENTRY else self._c_frame(code)
+                  for code, lasti, fp in _ENTRY.iter_unpack(raw)]
         frames.reverse()  # outermost first
         if flags & _native.TRUNCATED:
             frames.insert(0, _TRUNCATED)
@@ -537,6 +570,12 @@ class NativeCollector(Steering):
         self._keys[raw] = sid
         self._keys_bytes += len(raw)
         return sid
+
+    def _c_frame(self, cid: int) -> Frame:
+        """The frame of C callable ``cid`` on a shadow stack (use_errortrace)."""
+        if cid >= len(self._c_frames):
+            self._c_frames = _native.shadow_c_frames()
+        return self._c_frames[cid] if cid < len(self._c_frames) else _UNKNOWN
 
     def _mark_set(self, entries: tuple) -> int:
         recorder = self.recorder

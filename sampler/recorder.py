@@ -33,6 +33,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 from . import realthreads
 from .clocks import clock_for, read_cpu
+from .gctime import gc_frame
 from .marks import frame_marks
 from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
 from .greenlets import GreenletRecord, running_in
@@ -143,6 +144,9 @@ class Recorder:
         # greenlet context id -> [greenlet id, parent's context id, thread's context id]
         self.greenlets: dict[int, list[int]] = {}
         self._greenlet_cids: dict[tuple[int, int], int] = {}  # (thread cid, greenlet id) -> cid
+        # generation -> CPU and wall microseconds of the collections filed
+        self.gc_cpu: dict[int, int] = {}
+        self.gc_wall: dict[int, int] = {}
 
     # -- interning (the entry points shared with the native engine) -----------------
     @property
@@ -552,6 +556,84 @@ class Recorder:
         for ctx in self._contexts.values():
             ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
         self._walked.clear()
+
+    # -- instrumented stacks (use_errortrace, see sampler.shadow) ---------------------
+    def record_tick_shadow(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
+                           shadow: Any) -> None:
+        """As :meth:`record_tick`, but each running target's stack is its thread's
+        shadow stack (``shadow.stack_of(ident)``: code objects and C functions'
+        frames, outermost first), copied whole under the GIL by this single writer.
+        A thread with no shadow stack yet (no event since sampling started) is walked.
+        Marks still come from the live frames."""
+        self._tick += 1
+        wall_us = int((now - self.start) * 1e6)
+        contexts = self._contexts
+        want_marks = self.sample_marks is not None
+        for target, frame in targets:
+            ctx = contexts.get(target.key)
+            if ctx is None:
+                ctx = self.context(target, clock_for(target), wall_us)
+            if frame is None:
+                if ctx.running:
+                    self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
+                    ctx.running = False
+                continue
+            cpu_us = self._cpu_us(ctx, target)
+            if cpu_us is None:
+                continue
+            entries = shadow.stack_of(target.ident)
+            if entries is None:
+                sid, marks = self._walk(ctx, frame)
+            else:
+                sid = self._shadow_stack_id(entries)
+                marks = self._walk(ctx, frame)[1] if want_marks else ()
+            self._store(ctx, sid, marks, wall_us, cpu_us)
+        self._drop_stale_walks()
+
+    def _shadow_stack_id(self, entries: tuple) -> int:
+        """Intern a shadow stack: code objects (at their first line) and frames."""
+        trie = self._trie
+        codes = self._codes
+        known = trie._stack_ids
+        sid = 0
+        for entry in entries:
+            if type(entry) is CodeType:
+                cf = codes.get(id(entry))
+                fid = cf.get(-1) if cf is not None else None
+                if fid is None:
+                    fid = self._frame_id(entry, -1)
+            else:
+                fid = trie.frame_id(entry)
+            sid = known.get((sid, fid)) or trie.stack_id(sid, fid)
+        return sid
+
+    # -- garbage collections (see sampler.gctime) -------------------------------------
+    def thread_context(self, ident: int) -> Optional[_Context]:
+        """The context of the tracked OS thread ``ident`` (``None``: not sampled yet)."""
+        for ctx in list(self._contexts.values()):
+            if ctx.kind == "thread" and ctx.ident == ident:
+                return ctx
+        return None
+
+    def record_gc(self, events: list) -> None:
+        """File collections (events of :class:`sampler.gctime.GCWatch`, oldest first),
+        each before the next regular sample of its thread: a sample of the stack that
+        triggered it plus a ``<gc>`` frame, weighing its durations, which are taken
+        out of the interval of that next sample (the context's clocks move on by
+        them).  A collection in a thread not sampled yet is not filed: its time
+        falls before the thread's first sample, which no sample counts."""
+        trie = self._trie
+        for ident, stack, generation, _end, wall_us, cpu_us in events:
+            ctx = self.thread_context(ident)
+            if ctx is None:
+                continue
+            sid = 0
+            for code, lasti in reversed(stack):
+                sid = self._child(sid, code, lasti)
+            sid = trie.stack_id(sid, trie.frame_id(gc_frame(generation)))
+            self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
+            self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
+            self.append_sample(ctx, sid, ctx.wall_us + wall_us, ctx.cpu_us + cpu_us)
 
     # -- reading (any thread, any time, no lock) -----------------------------------------
     def snapshot(self, run: RunInfo) -> Snapshots:

@@ -99,3 +99,16 @@ def test_attribution_reduces_stacks_and_tables():
     assert attribution.parse_pyspy_raw(raw) == [([("deep_a", "/r/workloads/deep.py"), ("<module>", "/a/b.py")], 7.0)]
     assert attribution.tvd_points({"a": 0.5, "b": 0.5}, {"a": 1.0}) == 50.0
     assert abs(attribution.max_error_points({"a": 0.3}, {"a": 0.25}) - 5.0) < 1e-9
+
+
+def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
+    """``gc_heavy``: stackshot's ``<gc>`` time against the workload's own gc.callbacks timing."""
+    result, md = _smoke(tmp_path, "--workloads", "gc_heavy")
+    assert result["errors"] == []
+    s = result["summary"]["gc_heavy"]
+    assert set(s["truth"]) == {"gc_cycles_part", "gc_math_part"}
+    stats = result["raw_runs"]["gc_heavy"][OURS][0]["workload_stats"]
+    assert stats["gc_collections"] > 20
+    ratio = s["configs"][OURS]["gc_reported_over_measured"]
+    assert 0.5 < ratio < 1.5, ratio
+    assert "reported / measured" in md

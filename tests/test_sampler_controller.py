@@ -210,9 +210,13 @@ def test_create_sampler_validates_before_starting_a_thread(args, error, text):
     assert threading.active_count() == before
 
 
-def test_use_errortrace_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="use_errortrace"):
-        create_sampler([], 0.01, use_errortrace=True)
+def test_use_errortrace_is_checked_and_accepted():
+    with pytest.raises(ValueError, match="use_errortrace must be"):
+        create_sampler([], 0.01, use_errortrace="yes")
+    for mode in (True, "python"):
+        ctl = create_sampler([], 0.01, use_errortrace=mode)
+        assert ctl.use_errortrace == mode
+        ctl.stop()
 
 
 @pytest.mark.engines("python")  # the native engine never waits for the GIL

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any, Optional, Union
 
+from ..gcview import gc_times
 from ..model import Profile
 from .naming import display_names, emit, hidden_chains
 from .common import (
@@ -146,9 +147,10 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float,
         lines.extend(_bytes_header(profile))
     elif profile.weight == "wall":
         lines.append(f"  Total wall time observed: {format_ms(total_ms)} "
-                     f"(out of {format_ms(cpu_ms)} process cpu time)")
+                     f"(out of {format_ms(cpu_ms)} process cpu time{gc_note(profile)})")
     else:
-        lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)})")
+        lines.append(f"  Total cpu time observed: {format_ms(total_ms)} (out of {format_ms(cpu_ms)}"
+                     f"{gc_note(profile)})")
     n = profile.sample_number
     if profile.quantity == "time":
         lines.append(f"  Number of samples taken: {n}{_period(profile, total_ms)}")
@@ -255,6 +257,17 @@ def _period(profile: Profile, total_ms: float) -> str:
         return f" (once every {format_ms(achieved)}; asked for {wanted})"
     n = profile.sample_number
     return f" (once every {format_ms(total_ms / n)})" if n else ""
+
+
+def gc_note(profile: Profile) -> str:
+    """MLton's separate GC time, for the header's first line when collections were
+    filed: "; GC 63ms = gen0 11 + gen1 15 + gen2 37" (milliseconds)."""
+    times = gc_times(profile)
+    if not times:
+        return ""
+    ms = to_ms(profile, 1.0)
+    gens = " + ".join(f"gen{g} {format_ms(t * ms)}" for g, t in sorted(times.items()) if g >= 0)
+    return f"; GC {format_ms(sum(times.values()) * ms)}" + (f" = {gens}" if gens else "")
 
 
 def unseen_lines(profile: Profile) -> list[str]:

@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include "pyframes.h"
 #include "markstacks.h"
+#include "shadowstacks.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -136,6 +137,10 @@ typedef struct {
     ss_code_slot *codes;
     ss_copied_slot *copied;    /* (address, fingerprint) pairs sent to Python already */
     char *name_copy, *file_copy, *table_copy;
+    /* use_errortrace: sample the threads' shadow stacks (shadowstacks.h) */
+    int shadow;
+    uintptr_t *shadow_copy;    /* collector-only scratch, SS_SHADOW_MAX entries */
+    uint64_t shadow_reads, shadow_misses;
 } Engine;
 
 /* Where the frames of one walk can be decoded from without a read each. */
@@ -401,6 +406,33 @@ static void close_target(ss_target *t) {
     t->stat_fd = -1;
 }
 
+/* Replace the frames just walked by the thread's shadow stack, when it has one for
+ * this session (the walk still gave the base and the marks): code objects at their
+ * first line (lasti -1), C callables as (id, lasti -2). */
+static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
+    int truncated;
+    int n = ss_shadow_copy(t->tstate, e->shadow_copy, SS_SHADOW_MAX, &truncated);
+    e->shadow_reads++;
+    if (n < 0) {
+        e->shadow_misses++;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        uintptr_t entry = e->shadow_copy[i];
+        if (entry & 1) {
+            e->frames[i].code = entry >> 1;
+            e->frames[i].lasti = -2;
+            e->frames[i].fingerprint = 0;
+        } else {
+            e->frames[i].code = entry;
+            e->frames[i].lasti = -1;
+            e->frames[i].fingerprint = code_fingerprint(e, entry);
+        }
+    }
+    rec->nframes = (uint32_t)n;
+    if (truncated) rec->flags |= SS_TRUNCATED;
+}
+
 static void sample_target(Engine *e, ss_target *t, int64_t wall) {
     int64_t cpu = 0;
     if (t->gone) return;
@@ -458,6 +490,7 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
         }
         rec.nmarks = kept;
     }
+    if (e->shadow) use_shadow(e, t, &rec);
     append_record(e, &rec, e->frames, e->marks_out);
     t->has_last = 1;
     t->last_cpu = cpu;
@@ -554,6 +587,8 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->name_copy);
     PyMem_RawFree(e->file_copy);
     PyMem_RawFree(e->table_copy);
+    PyMem_RawFree(e->shadow_copy);
+    e->shadow_copy = NULL;
     for (Py_ssize_t j = 0; e->targets && j < e->n_targets; j++) close_target(&e->targets[j]);
     PyMem_RawFree(e->targets);
     e->n_targets = 0;
@@ -675,6 +710,24 @@ static PyObject *Engine_stop(Engine *e, PyObject *unused) {
         pthread_join(e->thread, NULL);
         Py_END_ALLOW_THREADS
     }
+    Py_RETURN_NONE;
+}
+
+/* set_shadow(on): sample the shadow stacks (use_errortrace) instead of the frames. */
+static PyObject *Engine_set_shadow(Engine *e, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    if (e->active.data == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Engine not initialised");
+        return NULL;
+    }
+    if (on && e->shadow_copy == NULL) {
+        e->shadow_copy = PyMem_RawMalloc(sizeof(uintptr_t) * SS_SHADOW_MAX);
+        if (e->shadow_copy == NULL) return PyErr_NoMemory();
+    }
+    LOCK(e);
+    e->shadow = on;
+    UNLOCK(e);
     Py_RETURN_NONE;
 }
 
@@ -960,6 +1013,7 @@ static PyMethodDef Engine_methods[] = {
     {"start", (PyCFunction)Engine_start, METH_NOARGS, "Start the collector thread."},
     {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Stop the collector thread and wait for it."},
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(delay, paused)"},
+    {"set_shadow", (PyCFunction)Engine_set_shadow, METH_O, "set_shadow(on): sample the shadow stacks"},
     {"set_targets", (PyCFunction)Engine_set_targets, METH_O,
      "set_targets([(ctx, tstate, ident, clock or None), ...]): the threads to sample."},
     {"add_target", (PyCFunction)Engine_add_target, METH_O,
@@ -1048,6 +1102,7 @@ static PyObject *mark_remove(PyObject *m, PyObject *arg) {
 
 static PyObject *after_fork(PyObject *m, PyObject *unused) {
     pthread_mutex_init(&ss_markstacks_lock, NULL);
+    pthread_mutex_init(&ss_shadows_lock, NULL);
     Py_RETURN_NONE;
 }
 
@@ -1059,6 +1114,7 @@ static PyMethodDef module_methods[] = {
     {"mark_push", mark_push, METH_VARARGS, "mark_push(frame, entry): a mark entered in frame."},
     {"mark_remove", mark_remove, METH_O, "mark_remove(entry) -> whether it was on this thread's stack."},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
+    SS_SHADOW_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -1082,6 +1138,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "REPEAT", SS_REPEAT);
     PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
     PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
+    PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
     return m;

@@ -1,0 +1,288 @@
+"""Instrumented stacks (use_errortrace): the shadow stack is exact at quiet points
+(compared with the live frames) through calls, exceptions unwinding, generators,
+coroutines and greenlet switches; C functions are frames of their own; start/stop
+leave no hook behind; coexistence with sys.settrace and cProfile."""
+
+import asyncio
+import sys
+import threading
+
+import pytest
+
+from sampler import create_sampler
+from sampler.shadow import ShadowStacks
+from sampler.snapshot import Frame
+
+
+def _live_codes():
+    f = sys._getframe(2)  # the caller of check()
+    codes = []
+    while f is not None:
+        codes.append(f.f_code)
+        f = f.f_back
+    return codes[::-1]
+
+
+class Checker:
+    """check() compares the shadow stack with the live frames of its caller."""
+
+    def __init__(self, sampler):
+        self.shadow = sampler._shadow
+        self.ident = threading.get_ident()
+        self.checked = 0
+        self.c_seen = []
+
+    def check(self):
+        live = [id(c) for c in _live_codes()]
+        entries = self.shadow.stack_of(threading.get_ident())
+        assert entries is not None
+        # the reader's own Python frames (pushed when it was called) are not the caller's
+        own = {id(Checker.check.__code__), id(type(self.shadow).stack_of.__code__),
+               id(ShadowStacks.stack_of.__code__)}
+        py = [e if isinstance(e, int) else id(e) for e in entries if not isinstance(e, Frame)]
+        c = [e.name for e in entries if isinstance(e, Frame)
+             and e.name not in ("thread_states", "shadow_stack", "dict.get", "get")]
+        while py and py[-1] in own:
+            py.pop()
+        assert py == live
+        self.c_seen.append(c)
+        self.checked += 1
+
+
+def _mode_sampler(mode):
+    return create_sampler(threading.current_thread(), 0.005, use_errortrace=mode)
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_calls_and_exceptions_unwinding_keep_the_stack_exact(sampler_engine, mode):
+    def inner(ck, n):
+        ck.check()
+        if n == 0:
+            raise KeyError(n)
+        inner(ck, n - 1)
+
+    def outer(ck):
+        for _ in range(3):
+            try:
+                inner(ck, 3)
+            except KeyError:
+                ck.check()
+        ck.check()
+
+    with _mode_sampler(mode) as sampler:
+        ck = Checker(sampler)
+        outer(ck)
+        ck.check()
+    assert ck.checked == 3 * 4 + 3 + 1 + 1
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_generators_and_throw_keep_the_stack_exact(sampler_engine, mode):
+    def gen(ck, n):
+        for i in range(n):
+            ck.check()
+            try:
+                yield i
+            except ValueError:
+                ck.check()
+                yield -1
+
+    def delegate(ck):
+        ck.check()
+        yield from gen(ck, 3)
+        ck.check()
+
+    with _mode_sampler(mode) as sampler:
+        ck = Checker(sampler)
+        for _ in delegate(ck):
+            ck.check()
+        assert sorted(gen(ck, 2)) == [0, 1]  # resumed from a C function
+        g = gen(ck, 5)
+        next(g)
+        assert g.throw(ValueError) == -1
+        ck.check()
+        g.close()
+        ck.check()
+    if mode is True:
+        assert any("sorted" in names for names in ck.c_seen), ck.c_seen
+    assert ck.checked == 14
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_coroutines_keep_the_stack_exact(sampler_engine, mode):
+    async def leaf(ck, n):
+        ck.check()
+        await asyncio.sleep(0)
+        ck.check()
+        return n
+
+    async def middle(ck):
+        results = await asyncio.gather(leaf(ck, 1), leaf(ck, 2))
+        ck.check()
+        return sum(results)
+
+    with _mode_sampler(mode) as sampler:
+        ck = Checker(sampler)
+        assert asyncio.run(middle(ck)) == 3
+        ck.check()
+    assert ck.checked == 6
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_greenlet_switches_keep_the_stack_exact(sampler_engine, mode):
+    greenlet = pytest.importorskip("greenlet")
+
+    def ping(ck, other_box, n):
+        for _ in range(n):
+            ck.check()
+            other_box[0].switch()
+            ck.check()
+
+    def pong(ck, main, n):
+        for _ in range(n):
+            ck.check()
+            main.switch()
+
+    with _mode_sampler(mode) as sampler:
+        ck = Checker(sampler)
+        main = greenlet.getcurrent()
+        box = [None]
+        box[0] = greenlet.greenlet(lambda: pong(ck, main, 3))
+        ping(ck, box, 3)
+        ck.check()
+    assert ck.checked == 3 * 3 + 1
+
+
+def test_seeded_from_the_live_frames_when_started_deep(sampler_engine):
+    def deep(n, ck_box):
+        if n:
+            return deep(n - 1, ck_box)
+        sampler = _mode_sampler("python")
+        try:
+            ck = Checker(sampler)
+            ck.check()
+            return ck.checked
+        finally:
+            sampler.stop()
+
+    assert deep(20, None) == 1
+
+
+def _no_hooks_left():
+    if sys.version_info >= (3, 12):
+        assert [t for t in range(6) if sys.monitoring.get_tool(t) == "stackshot"] == []
+    else:
+        assert sys.getprofile() is None and threading.getprofile() is None
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_start_and_stop_leave_no_hook(sampler_engine, mode):
+    _no_hooks_left()
+    with _mode_sampler(mode) as sampler:
+        if sys.version_info >= (3, 12):
+            assert "stackshot" in [sys.monitoring.get_tool(t) for t in range(6)]
+    _no_hooks_left()
+    extra = sampler.get_snapshots().runs[0].extra
+    assert extra["use_errortrace"] == mode and extra["shadow_overflow"] == 0
+
+
+def test_coexists_with_settrace(sampler_engine):
+    seen = []
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+        return None
+
+    def traced():
+        return 1
+
+    sys.settrace(tracer)
+    try:
+        with _mode_sampler(True) as sampler:
+            ck = Checker(sampler)
+            traced()
+            ck.check()
+    finally:
+        sys.settrace(None)
+    assert "traced" in seen and ck.checked == 1
+    _no_hooks_left()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="one profile function per thread before 3.12")
+def test_coexists_with_cprofile(sampler_engine):
+    import cProfile
+    import pstats
+
+    def profiled():
+        return sum(range(1000))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        with _mode_sampler(True) as sampler:
+            assert sampler._shadow.tool != sys.monitoring.PROFILER_ID
+            ck = Checker(sampler)
+            profiled()
+            ck.check()
+    finally:
+        prof.disable()
+    names = {k[2] for k in pstats.Stats(prof).stats}
+    assert "profiled" in names and ck.checked == 1
+    assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
+    _no_hooks_left()
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="before 3.12 only")
+def test_another_profile_function_is_a_clear_error_before_312(sampler_engine):
+    def other(frame, event, arg):
+        pass
+
+    sys.setprofile(other)
+    try:
+        with pytest.raises(RuntimeError, match="another profiler holds"):
+            _mode_sampler(True)
+    finally:
+        sys.setprofile(None)
+    _no_hooks_left()
+
+
+def test_use_errortrace_is_checked(sampler_engine):
+    with pytest.raises(ValueError, match="use_errortrace must be False, True"):
+        create_sampler(threading.current_thread(), 0.01, use_errortrace="c")
+
+
+@pytest.mark.engines("native")
+def test_one_native_errortrace_sampler_at_a_time(sampler_engine):
+    from sampler.shadow import native_shadow_available
+
+    if not native_shadow_available():
+        pytest.skip("the native shadow stacks are not built here")
+    with _mode_sampler(True):
+        with pytest.raises(RuntimeError, match="another sampler with use_errortrace runs"):
+            _mode_sampler("python")
+    _no_hooks_left()
+    with _mode_sampler("python") as sampler:  # the first one's end let it go
+        ck = Checker(sampler)
+        ck.check()
+    assert not any(getattr(h, "__self__", None).__class__.__name__ == "GCWatch" for h in __import__("gc").callbacks)
+
+
+@pytest.mark.parametrize("mode", ["python", True])
+def test_deeper_than_the_bound_is_counted_and_the_stack_stays_exact(sampler_engine, mode):
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 3000))
+
+    def down(n):
+        if n:
+            return down(n - 1)
+        return 0
+
+    try:
+        with _mode_sampler(mode) as sampler:
+            ck = Checker(sampler)
+            down(1200)  # past the 1024 entries a stack keeps
+            ck.check()  # the pops of the uncounted entries left it exact
+    finally:
+        sys.setrecursionlimit(limit)
+    assert sampler.get_snapshots().runs[0].extra["shadow_overflow"] > 0
