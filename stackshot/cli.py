@@ -452,7 +452,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = None) -> in
     except _MemprofUnavailable as e:
         _fail(f"--memory: {e}")
         return EXIT_ERROR
-    except NotImplementedError as e:
+    except (NotImplementedError, RuntimeError) as e:  # e.g. another profiler holds the hook
+        if not args.use_errortrace:
+            raise
         _fail(f"--use-errortrace: {_one_line(e)}")
         return EXIT_USAGE
     except (TypeError, ValueError) as e:

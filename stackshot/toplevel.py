@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 from sampler import realthreads
 from sampler.controller import Sampler, create_sampler
 from sampler.groups import ThreadGroup
+from sampler.shadow import check_mode
 from sampler.snapshot import Frame, Snapshots, StackTrie, merge
 
 from analyzer import Profile, analyze_samples, render_text
@@ -468,7 +469,7 @@ class Profiler:
         threads: bool = False,
         render: Optional[Renderer] = TEXT,
         periodic_renderer: Optional[tuple[float, Renderer]] = None,
-        use_errortrace: bool = False,
+        use_errortrace: Union[bool, str] = False,
         order: str = "topological",
         entries: Iterable[Callable[..., Any]] = (),
         memory: Optional[float] = None,
@@ -482,7 +483,7 @@ class Profiler:
         _check_renderer("render", render)
         self.render = render
         self.periodic_renderer = _check_periodic(periodic_renderer)
-        self.use_errortrace = bool(use_errortrace)
+        self.use_errortrace = check_mode(use_errortrace)  # False, True or 'python'
         self.order = _check_order(order)
         self._entries = tuple(entries)
         self.sampler: Optional[Sampler] = None
@@ -628,7 +629,7 @@ def profile(
     threads: bool = False,
     render: Optional[Renderer] = TEXT,
     periodic_renderer: Optional[tuple[float, Renderer]] = None,
-    use_errortrace: bool = False,
+    use_errortrace: Union[bool, str] = False,
     order: str = "topological",
     memory: Optional[float] = None,
     subprocesses: bool = False,
@@ -653,7 +654,7 @@ def profile_thunk(
     threads: bool = False,
     render: Optional[Renderer] = TEXT,
     periodic_renderer: Optional[tuple[float, Renderer]] = None,
-    use_errortrace: bool = False,
+    use_errortrace: Union[bool, str] = False,
     order: str = "topological",
     memory: Optional[float] = None,
     subprocesses: bool = False,

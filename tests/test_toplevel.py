@@ -407,3 +407,10 @@ def test_the_header_says_other_threads_ran_unsampled():
     r.calls.clear()
     profile_thunk(code, render=r, threads=True)  # sampled: nothing to say
     assert "other thread" not in render_text(r.calls[0][0])
+
+
+def test_use_errortrace_python_mode_reaches_the_sampler():
+    # 'python' (Python frames only) is a mode of its own, not just "true"
+    assert Profiler(use_errortrace="python", render=None).use_errortrace == "python"
+    with pytest.raises(ValueError, match="use_errortrace must be"):
+        Profiler(use_errortrace="c", render=None)
