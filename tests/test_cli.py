@@ -271,10 +271,14 @@ def serve_forever():
 serve_forever()
 """)
     saved = tmp_path / "interrupted.stackshot"
-    # faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack
+    # A test run started in the background by a non-interactive shell has SIGINT
+    # ignored, and a child inherits that: Python then installs no handler and Ctrl-C
+    # does nothing (this hung twice). The user's terminal delivers it: so must we.
+    # faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
     proc = subprocess.Popen([sys.executable, "-m", "sampler", "-o", str(saved), "--format",
                              "flat", str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(env(), PYTHONFAULTHANDLER="1"))
+                            stderr=subprocess.PIPE, text=True, env=dict(env(), PYTHONFAULTHANDLER="1"),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "serving\n"
         proc.send_signal(signal.SIGINT)
