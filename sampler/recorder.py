@@ -349,22 +349,13 @@ class Recorder:
         """
         self._tick += 1
         wall_us = int((now - self.start) * 1e6)
-        contexts = self._contexts
         walked = []
         kept = 0  # contexts sampled this tick that keep a cached top frame
         for target, frame in targets:
-            ctx = contexts.get(target.key)
-            if ctx is None:
-                ctx = self.context(target, clock_for(target), wall_us)
-            if frame is None:
-                # A greenlet that is not running: close its interval once.
-                if ctx.running:
-                    self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
-                    ctx.running = False
+            found = self._tick_target(target, frame, wall_us)
+            if found is None:
                 continue
-            cpu_us = self._cpu_us(ctx, target)
-            if cpu_us is None:
-                continue
+            ctx, cpu_us = found
             sid, marks = self._walk(ctx, frame)
             if ctx.top is not None or ctx.back is not None:
                 kept += 1
@@ -557,6 +548,22 @@ class Recorder:
             ctx.top = ctx.back = None  # a cached walk may name a stack that was just trimmed
         self._walked.clear()
 
+    def _tick_target(self, target: Target, frame: Optional[FrameType],
+                     wall_us: int) -> Optional[tuple["_Context", int]]:
+        """A target's context and CPU clock at this tick, or ``None`` when it has no
+        stack to record: a greenlet that is not running (its interval is closed, once)
+        or a thread whose clock is gone."""
+        ctx = self._contexts.get(target.key)
+        if ctx is None:
+            ctx = self.context(target, clock_for(target), wall_us)
+        if frame is None:
+            if ctx.running:
+                self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
+                ctx.running = False
+            return None
+        cpu_us = self._cpu_us(ctx, target)
+        return None if cpu_us is None else (ctx, cpu_us)
+
     # -- instrumented stacks (use_errortrace, see sampler.shadow) ---------------------
     def record_tick_shadow(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
                            shadow: Any) -> None:
@@ -567,20 +574,12 @@ class Recorder:
         Marks still come from the live frames."""
         self._tick += 1
         wall_us = int((now - self.start) * 1e6)
-        contexts = self._contexts
         want_marks = self.sample_marks is not None
         for target, frame in targets:
-            ctx = contexts.get(target.key)
-            if ctx is None:
-                ctx = self.context(target, clock_for(target), wall_us)
-            if frame is None:
-                if ctx.running:
-                    self.append_sample(ctx, 0, wall_us, self._cpu_us(ctx, target))
-                    ctx.running = False
+            found = self._tick_target(target, frame, wall_us)
+            if found is None:
                 continue
-            cpu_us = self._cpu_us(ctx, target)
-            if cpu_us is None:
-                continue
+            ctx, cpu_us = found
             entries = shadow.stack_of(target.ident)
             if entries is None:
                 sid, marks = self._walk(ctx, frame)
