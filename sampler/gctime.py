@@ -97,7 +97,7 @@ class GCWatch:
             return
         if phase == "start":
             stack = []
-            f = _getframe(1)
+            f = _getframe(0).f_back  # None when no Python code triggered it (a thread's start)
             while f is not None and len(stack) < MAX_DEPTH:
                 stack.append((f.f_code, f.f_lasti))
                 f = f.f_back

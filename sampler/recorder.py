@@ -586,7 +586,7 @@ class Recorder:
             else:
                 sid = self._shadow_stack_id(entries)
                 marks = self._walk(ctx, frame)[1] if want_marks else ()
-            self._store(ctx, sid, marks, wall_us, cpu_us)
+            self._store(ctx, sid, marks, wall_us, cpu_us, frame)
         self._drop_stale_walks()
 
     def _shadow_stack_id(self, entries: tuple) -> int:

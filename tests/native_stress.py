@@ -175,6 +175,43 @@ def exceptions_unwinding() -> str:
     return f"{_check(ctl.get_snapshots())} samples, {caught} unwound"
 
 
+
+def instrumented_stacks() -> str:
+    """use_errortrace=True: the interpreter's events keep a shadow stack per thread,
+    which the collector copies while threads start and end, recurse past the shadow
+    stack's depth bound, raise through frames, run generators and call C functions."""
+    sys.setrecursionlimit(20_000)
+    ctl = sampler.create_sampler(sampler.ALL_THREADS, DELAY, use_errortrace=True)
+
+    def down(n: int) -> int:
+        if n == 0:
+            return len(sorted(range(300), key=lambda i: -i))
+        return down(n - 1) + 1
+
+    def fail(n: int) -> None:
+        if n == 0:
+            raise ValueError("down here")
+        fail(n - 1)
+
+    def work() -> None:
+        for depth in (10, 1500, 50):
+            down(depth)
+        try:
+            fail(100)
+        except ValueError:
+            pass
+        sum(i for i in range(2000))
+
+    started = 0
+    for _ in _until():
+        t = threading.Thread(target=work)
+        t.start()
+        work()
+        t.join()
+        started += 1
+    ctl.stop()
+    return f"{_check(ctl.get_snapshots())} samples, {started} threads"
+
 def greenlet_switches() -> str:
     """Two greenlets and the main one switch thousands of times; all are tracked."""
     main = greenlet.getcurrent()
@@ -287,7 +324,7 @@ def exit_while_sampling() -> str:
 
 SCENARIOS = {f.__name__: f for f in (
     threads_churn, deep_oscillation, generators_and_coroutines, exceptions_unwinding,
-    greenlet_switches, code_churn, fork_while_sampling, signals, exit_while_sampling)}
+    instrumented_stacks, greenlet_switches, code_churn, fork_while_sampling, signals, exit_while_sampling)}
 
 
 if __name__ == "__main__":
