@@ -286,3 +286,25 @@ def test_deeper_than_the_bound_is_counted_and_the_stack_stays_exact(sampler_engi
     finally:
         sys.setrecursionlimit(limit)
     assert sampler.get_snapshots().runs[0].extra["shadow_overflow"] > 0
+
+
+def test_the_samples_are_taken_from_the_shadow_stack_with_c_functions(sampler_engine):
+    # End to end through the collector: samples exist, carry no errors, and a long C
+    # call (sorted with a Python key) shows as a frame of its own.
+    import time
+
+    data = list(range(20_000, 0, -1))
+    ctl = create_sampler(threading.current_thread(), 0.0005, use_errortrace=True)
+    seen = set()
+    end = time.perf_counter() + 60
+    while time.perf_counter() < end:
+        sorted(data, key=lambda v: v % 1000)
+        snaps = ctl.get_snapshots()
+        seen = {f.name for f in snaps.frames}
+        if any("sorted" in name for name in seen) and len(snaps) >= 20:
+            break
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    assert not snaps.runs[-1].errors, snaps.runs[-1].errors[:1]
+    assert len(snaps) >= 20
+    assert any("sorted" in name for name in {f.name for f in snaps.frames}), seen
