@@ -93,12 +93,21 @@ def test_magic_output_format_follows_the_one_rule_of_every_front_end(tmp_path):
 
 def cells() -> list[tuple[str, list[str]]]:
     fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    # fib(n) again until every running sampler took 5 more samples: on a loaded machine
+    # the kernel can run a fixed amount of work between two ticks (seen in CI: 0
+    # samples in 54 ms of fib(25)); the polling itself is the sampler's code, idle
+    again = ("def again(n):\n    from sampler.controller import _live\n"
+             "    running = lambda: [s for s in list(_live) if not s._collector.stopped]\n"
+             "    before = {s: len(s.get_snapshots()) for s in running()}\n"
+             "    fib(n)\n"
+             "    while any(len(s.get_snapshots()) < before.get(s, 0) + 5 for s in running()):\n"
+             "        fib(n)\n")
     return [
-        (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}", []),
+        (f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}{again}", []),
         ("%load_ext stackshot.notebook", []),
         ("%%sample -d 0.001 -v snaps -k request\nimport sampler\n"
-         "with sampler.mark('request', 'r<1>'):\n    fib(24)", []),
-        ("%sample -f text fib(25)", []),  # long enough for several samples inside fib
+         "with sampler.mark('request', 'r<1>'):\n    again(24)", []),
+        ("%sample -f text again(25)", []),
         ("%sample -f none -o out.speedscope.json fib(20)", []),
         ("from IPython.display import HTML\nfrom analyzer import analyze_samples\n"
          "from analyzer.exports.notebook import profile_html\nHTML(profile_html(analyze_samples(snaps)))", []),
