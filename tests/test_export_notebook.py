@@ -245,13 +245,18 @@ def test_every_notebook_front_end_profiles_the_cell_not_the_kernel(tmp_path):
     nbclient = need_module("nbclient")
     need_module("ipykernel")
     fib = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"
+    # half a second of CPU in fib, whatever the machine's load (a fixed fib(23) once
+    # got no sample at all in CI); no call into the sampler, whose frames would not be
+    # the cell's
+    again = ("import time\ndef again(n):\n    end = time.thread_time() + 0.5\n"
+             "    while time.thread_time() < end:\n        fib(n)\n")
     sources = [
-        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}",
+        f"import sys\nsys.path.insert(0, {str(REPO)!r})\n{fib}{again}",
         "%load_ext stackshot",
-        "%%sample -f none -v cell\nx = fib(23)",
-        "%sample -f none -v line x = fib(23)",
-        "import stackshot\nwith stackshot.profile(render=None) as p:\n    fib(23)\nblock = p.snapshots",
-        "got = []\nstackshot.profile_thunk(lambda: fib(23), render=got.append)\n"
+        "%%sample -f none -v cell\nx = again(20)",
+        "%sample -f none -v line x = again(20)",
+        "import stackshot\nwith stackshot.profile(render=None) as p:\n    again(20)\nblock = p.snapshots",
+        "got = []\nstackshot.profile_thunk(lambda: again(20), render=got.append)\n"
         "thunk = got[0].source",
         "import json\nprint(json.dumps({k: sorted({f.filename for f in v.frames}) "
         "for k, v in dict(cell=cell, line=line, block=block, thunk=thunk).items()}))",
