@@ -224,7 +224,20 @@ def greenlet_switches() -> str:
     a, b = greenlet.greenlet(bounce), greenlet.greenlet(bounce)
     ctl = sampler.create_sampler([threading.current_thread(), a, b], DELAY)
     switches = 0
+
+    def kinds_seen() -> set:
+        snaps = ctl.get_snapshots()
+        return {snaps.threads[t].kind for t in snaps.sample_thread}
+
+    # at least SECONDS, and on until both kinds were sampled (under valgrind, which
+    # runs one thread at a time, the collector may get no turn in SECONDS)
     for _ in _until():
+        for _ in range(100):
+            (a if switches % 2 == 0 else b).switch()
+            switches += 1
+    for _ in _until(120.0):
+        if kinds_seen() == {"thread", "greenlet"}:
+            break
         for _ in range(100):
             (a if switches % 2 == 0 else b).switch()
             switches += 1
