@@ -254,7 +254,9 @@ def code_churn() -> str:
     ctl = sampler.create_sampler(threading.current_thread(), DELAY)
     refs = []
     made = 0
-    for _ in _until():
+
+    def make_and_run() -> None:
+        nonlocal made
         namespace: dict = {}
         exec(f"def made_{made}(n):\n    return sum(i * {made} for i in range(n))\n", namespace)
         fn = namespace[f"made_{made}"]
@@ -262,6 +264,18 @@ def code_churn() -> str:
         refs.append(weakref.ref(fn.__code__))
         del fn, namespace
         made += 1
+
+    def made_sampled() -> bool:
+        return any(f.name.startswith("made_") for f in ctl.get_snapshots().frames)
+
+    for _ in _until():
+        make_and_run()
+    # and on until one was sampled (under valgrind the collector may get no turn)
+    for _ in _until(120.0):
+        if made_sampled():
+            break
+        for _ in range(20):
+            make_and_run()
     snaps = ctl.get_snapshots()  # files every sample taken so far
     ctl.stop()
     gc.collect()
