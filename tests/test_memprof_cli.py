@@ -37,7 +37,7 @@ WORD = 8
 
 # Each loop allocates nothing but its bytes objects (8 * words - 33 bytes: 33 bytes of
 # header, so exactly `words` words); itertools.repeat yields no new ints.
-PROGRAM = f"""
+ALLOCATORS = f"""
 import itertools
 
 def small():
@@ -47,7 +47,8 @@ def small():
 def big():
     for _ in itertools.repeat(None, {N}):
         bytes({WORD * BIG_WORDS - 33})
-
+"""
+PROGRAM = ALLOCATORS + f"""
 def hold():
     return [bytes({WORD * HOLD_WORDS - 33}) for _ in itertools.repeat(None, {HOLD_N})]
 
@@ -208,17 +209,9 @@ def test_without_the_engine_memory_is_one_line_not_a_slow_fallback(tmp_path):
 
 
 def test_profile_memory_in_the_api():
-    code = textwrap.dedent(f"""
-        import itertools, json
+    code = ALLOCATORS + textwrap.dedent(f"""
+        import json
         from stackshot import profile, profile_thunk
-
-        def small():
-            for _ in itertools.repeat(None, {N}):
-                bytes({WORD * SMALL_WORDS - 33})
-
-        def big():
-            for _ in itertools.repeat(None, {N}):
-                bytes({WORD * BIG_WORDS - 33})
 
         with profile(memory={RATE}, render=None) as p:
             small()
