@@ -33,21 +33,36 @@ def spin_sampled(seconds: float, samples: int = 3, timeout: float = 30.0) -> int
     the test holds no controller) and whose profile the test reads.  On a loaded
     machine the whole process can go unscheduled for longer than a fixed spin (seen in
     CI: one tick in 50 ms of the thread's CPU), so no fixed amount of work promises a
-    sample."""
+    sample.
+
+    The polling runs in the profiled thread, so it must not run the sampler's own
+    Python code (a sample landing in ``get_snapshots`` would put the profiler's frames
+    into the profile under test): it reads counters only (:func:`_samples_taken`)."""
     from sampler.controller import _live
 
     def running() -> list:
-        return [s for s in list(_live) if not s._collector.stopped and not s._collector.paused]
+        return [s for s in list(_live) if not s._collector.stopped and not s._collector._pauses]
 
     from run_helpers import spin as spin_cpu
 
-    before = {s: len(s.get_snapshots()) for s in running()}
+    before = {s: _samples_taken(s) for s in running()}
     n = spin_cpu(seconds)
     end = time.perf_counter() + timeout
-    while any(len(s.get_snapshots()) < before.get(s, 0) + samples for s in running()):
+    while any(_samples_taken(s) < before.get(s, 0) + samples for s in running()):
         assert time.perf_counter() < end, f"fewer than {samples} samples after {timeout} s"
         n += spin(0.005)
     return n
+
+
+def _samples_taken(s) -> int:
+    """How many samples the sampler ``s`` has taken, read without calling any Python
+    function of the sampler: the native engine's C counter, or the length of the
+    Python engine's sample array."""
+    engine = getattr(s._collector, "_engine", None)
+    if engine is not None:
+        return engine.stats()["samples"]
+    return len(s._recorder.sample_stack)
+
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
     """Poll ``predicate``; fail the test (never hang) after ``timeout`` seconds."""

@@ -79,9 +79,12 @@ def test_the_profile_holds_no_frame_of_the_profiler():
     prof = r.calls[0][0]
     own = [n for n in prof.nodes if n.src and n.src.startswith(OWN_DIRS)]
     assert own == []
-    # the thunk is the root: nothing of the caller (this test, pytest) is above it
-    roots = {e.callee.id for e in prof.root.callees}
-    assert all(r.endswith("<lambda>") for r in roots), roots
+    # the thunk is the root: nothing of the caller (this test, pytest) is above it.
+    # (A collection that ran inside the thunk is a root of its own, '<gc>', by
+    # default: analyze_samples(gc_frames='root'); the allocations of the polling in
+    # spin() trigger one now and then.)
+    roots = {e.callee.id for e in prof.root.callees} - {"<gc>"}
+    assert roots and all(r.endswith("<lambda>") for r in roots), roots
 
 
 def test_repeat_runs_the_thunk_n_times_and_returns_the_last_value():
