@@ -85,9 +85,9 @@ def test_fork_while_sampling_child_reports_stopped_and_does_not_hang():
     code = """
         import os, sys, threading, time
         import sampler
-        from tests.sampling_helpers import spin
+        from tests.sampling_helpers import spin, spin_until_sampled
         ctl = sampler.create_sampler(threading.main_thread(), 0.0005)
-        spin(0.2)
+        spin_until_sampled(ctl)  # the child checks it keeps what was taken before the fork
         pid = os.fork()
         if pid == 0:
             ok = ctl.stopped and len(ctl.get_snapshots()) > 0
