@@ -161,11 +161,25 @@ def _referent(key: Any) -> Any:
     return key() if isinstance(key, weakref.ref) else key
 
 
+SLEEP_PLACES = 8
+"""Places (raw stacks) remembered per thread as where it was found asleep: a loop
+that waits in a few places (a sleep, a socket read, a queue) keeps them all."""
+
+
+def _remember(places: dict, raw: bytes, keep: int) -> None:
+    """Put ``raw`` last in ``places`` (an insertion-ordered set), dropping the oldest
+    beyond ``keep``."""
+    places.pop(raw, None)
+    places[raw] = None
+    if len(places) > keep:
+        del places[next(iter(places))]
+
+
 class _Slot:
     """One OS thread the C thread reads, and what its samples are filed under."""
 
     __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks", "last_wall_us",
-                 "last_cpu_us", "last_raw", "last_asleep", "ran")
+                 "last_cpu_us", "slept_in", "ran")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -176,8 +190,8 @@ class _Slot:
         self.last_marks = 0
         self.last_wall_us = 0
         self.last_cpu_us = 0
-        self.last_raw: Optional[bytes] = None  # the last walk, and whether the thread slept in it
-        self.last_asleep = False
+        # the walks (raw stacks) the thread was last found asleep in, oldest first
+        self.slept_in: dict[bytes, None] = {}
         self.ran: Optional[tuple[int, int, int]] = None  # (stack, base, marks) last seen running
 
 
@@ -476,19 +490,22 @@ class NativeCollector(Steering):
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
             # The thread used CPU since its last sample but is found where it waits:
-            # asleep now, or back in the very place it slept in at the last sample
-            # (woken, but not yet given a core on a busy machine: the kernel says
-            # runnable). That CPU went on from where it was last seen running, not
-            # into the call it waits in: file the run first, as a sample there when
-            # the CPU ran out (at the latest, now), then the wait with no CPU of its own.
-            waiting = bool(flags & ASLEEP) or (slot.last_asleep and raw == slot.last_raw)
+            # asleep now, or in the very place (same frames, same offsets) it was
+            # found asleep in before: woken but not yet given a core on a busy
+            # machine, or not yet blocked on the way in (the kernel says runnable for
+            # both). That CPU went on from where it was last seen running, not into
+            # the call it waits in: file the run first, as a sample there when the CPU
+            # ran out (at the latest, now), then the wait with no CPU of its own.
+            asleep = bool(flags & ASLEEP)
+            waiting = asleep or raw in slot.slept_in
             if waiting and slot.ran is not None and cpu_us > slot.last_cpu_us:
                 ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
                 self._file_sample(slot, *slot.ran, ran_until, cpu_us)
             sid = self._stack_id(raw, flags)
             mid = self._mark_set(marks) if marks else 0
             self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
-            slot.last_raw, slot.last_asleep = raw, bool(flags & ASLEEP)
+            if asleep:
+                _remember(slot.slept_in, raw, SLEEP_PLACES)
             if not waiting:
                 slot.ran = (sid, base, mid)
 
