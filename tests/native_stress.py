@@ -37,6 +37,19 @@ def _until(seconds: float = SECONDS):
         yield
 
 
+def _run_until_sampled(step, sampled, seconds: float = SECONDS, limit: float = 120.0) -> None:
+    """Call ``step`` for ``seconds``, then on until ``sampled()`` says the samples a
+    scenario checks were taken (at most ``limit`` seconds more): how soon they come
+    depends on when the collector gets to run, and under valgrind (one thread at a
+    time) or on a loaded machine it may get no turn for a long while."""
+    for _ in _until(seconds):
+        step()
+    for _ in _until(limit):
+        if sampled():
+            return
+        step()
+
+
 def _check(snaps: sampler.Snapshots, at_least: int = 1) -> int:
     n = len(snaps)
     assert n >= at_least, f"only {n} samples"
@@ -55,14 +68,18 @@ def threads_churn() -> str:
     def short() -> None:
         sum(i * i for i in range(2000))
 
-    with group:
-        for _ in _until():
-            t = threading.Thread(target=short)
-            t.start()
-            started += 1
-            if started % 8 == 0:
-                t.join()
-            time.sleep(0.001)
+    def start_one() -> None:
+        nonlocal started
+        t = threading.Thread(target=short)
+        t.start()
+        started += 1
+        if started % 8 == 0:
+            t.join()
+        time.sleep(0.001)
+
+    with group:  # (the members may all be gone whenever the collector gets a turn)
+        _run_until_sampled(start_one, lambda: all(
+            len(s.get_snapshots()) > 0 for s in (everyone, members)))
     everyone.stop()
     members.stop()
     _check(everyone.get_snapshots())
@@ -104,12 +121,7 @@ def deep_oscillation() -> str:
     # At least SECONDS of oscillation, and on until a sample deeper than 1,000 frames
     # was taken: how soon one is depends on when the collector gets to run (the Python
     # engine only where the worker yields the GIL), so a loaded machine takes longer.
-    for _ in _until():
-        time.sleep(0.05)
-    for _ in _until(120.0):
-        if deepest_seen(ctl.get_snapshots()) > 1000:
-            break
-        time.sleep(0.05)
+    _run_until_sampled(lambda: time.sleep(0.05), lambda: deepest_seen(ctl.get_snapshots()) > 1000)
     stop.set()
     t.join()
     ctl.stop()
@@ -231,16 +243,13 @@ def greenlet_switches() -> str:
 
     # at least SECONDS, and on until both kinds were sampled (under valgrind, which
     # runs one thread at a time, the collector may get no turn in SECONDS)
-    for _ in _until():
+    def hundred_switches() -> None:
+        nonlocal switches
         for _ in range(100):
             (a if switches % 2 == 0 else b).switch()
             switches += 1
-    for _ in _until(120.0):
-        if kinds_seen() == {"thread", "greenlet"}:
-            break
-        for _ in range(100):
-            (a if switches % 2 == 0 else b).switch()
-            switches += 1
+
+    _run_until_sampled(hundred_switches, lambda: kinds_seen() == {"thread", "greenlet"})
     ctl.stop()
     snaps = ctl.get_snapshots()
     kinds = {snaps.threads[t].kind for t in snaps.sample_thread}
@@ -268,14 +277,7 @@ def code_churn() -> str:
     def made_sampled() -> bool:
         return any(f.name.startswith("made_") for f in ctl.get_snapshots().frames)
 
-    for _ in _until():
-        make_and_run()
-    # and on until one was sampled (under valgrind the collector may get no turn)
-    for _ in _until(120.0):
-        if made_sampled():
-            break
-        for _ in range(20):
-            make_and_run()
+    _run_until_sampled(make_and_run, made_sampled)
     snaps = ctl.get_snapshots()  # files every sample taken so far
     ctl.stop()
     gc.collect()
