@@ -36,14 +36,31 @@ from typing import Any, Optional
 from . import realthreads
 from .snapshot import Frame
 
+try:  # the C hook; its Python twin below when the extension is not built
+    from ._native import GCHook as _GCHook
+except ImportError:
+    _GCHook = None
+
 MAX_DEPTH = 128
 """Frames kept of a collection's triggering stack (the innermost ones)."""
 
 MAX_EVENTS = 100_000
-"""Collections kept between two drains; older ones are dropped (and counted)."""
+"""Collections kept between two drains; further ones are dropped (and counted)."""
+
+MAX_FRAMES = 1 << 20
+"""Frames of triggering stacks kept between two drains (the C hook's ring)."""
+
+CPU_CLOCK_ABOVE_US = 100
+"""A generation's collections read the thread's CPU clock once one of them lasted
+this long (wall); shorter ones are charged their wall time, at most this."""
 
 GC_NAME = "<gc>"
 GC_FILE = "<gc>"
+
+
+def native_gc_hook() -> bool:
+    """Whether the C hook (``sampler._native.GCHook``) is built here."""
+    return _GCHook is not None
 
 
 def gc_frame(generation: int) -> Frame:
@@ -61,62 +78,131 @@ def is_gc_frame(frame: Any) -> bool:
 class GCWatch:
     """A ``gc.callbacks`` hook that times every collection (see the module docstring).
 
-    ``install`` and ``remove`` are idempotent; the hook is one bound method, so
-    removing it never touches another tool's callback.
+    The hook is :class:`sampler._native.GCHook` where the extension is built, else
+    this module's Python twin (``native=False`` asks for the twin).  ``install`` and
+    ``remove`` are idempotent; the hook is one object, so removing it never touches
+    another tool's callback.
     """
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, native: Optional[bool] = None,
+                 max_events: int = MAX_EVENTS) -> None:
+        if native is None:
+            native = _GCHook is not None
+        elif native and _GCHook is None:
+            raise ValueError("GCWatch(native=True): the C extension sampler._native is not built")
+        if not isinstance(max_events, int) or max_events < 1:
+            raise ValueError(f"GCWatch: max_events must be a positive int, not {max_events!r}")
         self.start = start  # the recorder's perf_counter() origin
+        self.native = native
+        self._ident: Any = realthreads.get_ident
+        if native:
+            # perf_counter() is CLOCK_MONOTONIC on Linux, the clock the C hook reads
+            self._c = _GCHook(int(start * 1e9), max_events, MAX_FRAMES, CPU_CLOCK_ABOVE_US * 1000)
+            self._hook: Any = self._c
+            return
+        self._c = None
+        self.max_events = max_events
         # One tuple per collection: (ident, stack, generation, end_us, wall_us, cpu_us),
         # the stack ((code, lasti), ...) innermost first, times in microseconds
         # (end_us since the recorder's start).
-        self.events: deque = deque(maxlen=MAX_EVENTS)
-        self.collections = 0
-        self.active = False  # False while paused: collections are not recorded
+        self.events: deque = deque()
+        self._collections = 0
+        self._dropped = 0
+        self._active = False
         self._open: Optional[tuple] = None
+        self._last_wall = [-1.0] * 3  # per generation, seconds; -1: none yet
         self._hook = self._callback
-        self._ident: Any = realthreads.get_ident
+
+    @property
+    def hook(self) -> Any:
+        """The object in ``gc.callbacks`` while installed."""
+        return self._hook
+
+    @property
+    def active(self) -> bool:
+        """False while paused: collections are not recorded."""
+        return self._c.active if self._c is not None else self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        if self._c is not None:
+            self._c.active = bool(value)
+        else:
+            self._active = bool(value)
+
+    @property
+    def collections(self) -> int:
+        """Collections recorded (taken or not)."""
+        return self._c.collections if self._c is not None else self._collections
+
+    @property
+    def dropped(self) -> int:
+        """Collections not recorded because :data:`MAX_EVENTS` were waiting."""
+        return self._c.dropped if self._c is not None else self._dropped
+
+    @property
+    def pending(self) -> int:
+        """Collections recorded and not taken yet."""
+        return self._c.pending if self._c is not None else len(self.events)
 
     def install(self) -> None:
         # The OS thread's ident function itself (gevent's original when patched):
         # the hook runs inside every collection and must not look it up each time.
         self._ident = realthreads._original("_thread", "get_ident")
-        if self._hook not in gc.callbacks:
+        if not any(h is self._hook for h in gc.callbacks):
             gc.callbacks.append(self._hook)
 
     def remove(self) -> None:
-        try:
-            gc.callbacks.remove(self._hook)
-        except ValueError:
-            pass
-        self._open = None
+        callbacks = gc.callbacks
+        for i, h in enumerate(callbacks):
+            if h is self._hook:
+                del callbacks[i]
+                break
+        if self._c is None:
+            self._open = None
 
     def _callback(self, phase: str, info: dict, _getframe: Any = sys._getframe,
                   _perf: Any = time.perf_counter, _cpu: Any = time.thread_time) -> None:
-        if not self.active:
+        if not self._active:
             return
         if phase == "start":
+            if len(self.events) >= self.max_events:
+                self._dropped += 1
+                self._open = None
+                return
             stack = []
             f = _getframe(0).f_back  # None when no Python code triggered it (a thread's start)
             while f is not None and len(stack) < MAX_DEPTH:
                 stack.append((f.f_code, f.f_lasti))
                 f = f.f_back
-            self._open = (self._ident(), tuple(stack), _perf(), _cpu())
+            gen = min(max(info.get("generation", 0), 0), 2)
+            last = self._last_wall[gen]
+            cpu0 = _cpu() if last < 0 or last >= CPU_CLOCK_ABOVE_US / 1e6 else None
+            self._open = (self._ident(), tuple(stack), gen, cpu0, _perf())
             return
         opened = self._open
         self._open = None
         if opened is None:
             return
-        cpu, end = _cpu(), _perf()
-        ident, stack, wall0, cpu0 = opened
+        end = _perf()
+        ident, stack, gen, cpu0, wall0 = opened
+        cpu = _cpu() if cpu0 is not None else None
         if ident != self._ident():
             return
-        self.collections += 1
-        self.events.append((ident, stack, info["generation"], int((end - self.start) * 1e6),
-                            int((end - wall0) * 1e6), max(0, int((cpu - cpu0) * 1e6))))
+        wall = end - wall0
+        self._last_wall[gen] = wall
+        wall_us = int(wall * 1e6)
+        if cpu is not None:
+            cpu_us = max(0, int((cpu - cpu0) * 1e6))
+        else:
+            cpu_us = min(wall_us, CPU_CLOCK_ABOVE_US)
+        self._collections += 1
+        self.events.append((ident, stack, gen, int((end - self.start) * 1e6), wall_us, cpu_us))
 
     def take(self, until_us: Optional[int] = None) -> list:
         """Pop the events that ended before ``until_us`` (all when ``None``), oldest first."""
+        if self._c is not None:
+            return self._c.take(until_us)
         out = []
         events = self.events
         while events:
