@@ -90,6 +90,12 @@ static uint32_t ss_gc_read_stack(GCHook *h, PyThreadState *ts) {
         if (fr.skip || fr.code == 0 || fr.lasti < 0) continue;  /* shims, frames not started */
         PyObject *code = (PyObject *)fr.code;
         if (!PyCode_Check(code)) continue;  /* 3.13: frames that run no bytecode */
+#if PY_VERSION_HEX >= 0x030B0000
+        /* Incomplete frames, which frame.f_back skips too: not past their RESUME yet,
+         * and 3.13's static __init__ shim (_Py_InitCleanup), never past it and not a
+         * code object to keep (a weak reference to it crashes). */
+        if (fr.lasti < ((PyCodeObject *)code)->_co_firsttraceable * (int32_t)sizeof(_Py_CODEUNIT)) continue;
+#endif
         ss_gc_frame *slot = &h->frames[(h->fr_head + depth) & (h->n_frames - 1)];
         Py_INCREF(code);
         slot->code = code;
