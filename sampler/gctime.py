@@ -43,10 +43,12 @@ So an unmeasured collection is off by at most :data:`CPU_CLOCK_ABOVE_US` (only w
 its thread waited for a core inside it), and the sum is exact.
 
 Cost per collection (``python benchmarks/bench_gctime.py``, best of 7 interleaved
-runs of 5,000 ``gc.collect(0)``, a loaded 2-core machine): the C hook adds
-0.97-1.9 µs (3.10 0.97, 3.11 0.98-1.88, 3.12 1.07, 3.13 0.93), about what a
-``gc.callbacks`` Python function that does nothing adds (0.8-1.8 µs: the
-interpreter builds the info dict and calls twice); the Python twin 3.6-7.8 µs.
+runs of 5,000 ``gc.collect(0)``, two runs per Python on a loaded 2-core machine): the
+C hook adds 0.99-1.07 µs (3.10 1.01, 3.11 1.02-1.07, 3.12 0.99-1.00, 3.13 1.01-1.04;
+up to 1.9 µs when the machine is busiest), what a ``gc.callbacks`` Python function
+that does nothing adds (0.89-1.04 µs: the interpreter builds the info dict and makes
+two calls, whatever the hook); the Python twin adds 3.9-5.4 µs (the hook that read
+both CPU clocks at every collection added 8.6-9.7 µs).
 
 Why C matters beyond cost: CPython 3.11's ``frame.f_back`` (``PyFrame_GetBack``)
 reads the caller's interpreter frame, then allocates its frame object, and an
