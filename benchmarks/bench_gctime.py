@@ -4,8 +4,9 @@
     python benchmarks/bench_gctime.py
 
 Collections of an empty young generation (``gc.collect(0)``) are timed with no hook,
-with a do-nothing callback (what any ``gc.callbacks`` hook pays: the interpreter
-builds the info dict and calls it twice) and with stackshot's hook; the best of
+with a do-nothing Python callback (what any ``gc.callbacks`` hook pays: the
+interpreter builds the info dict and calls it twice), with stackshot's C hook
+(``sampler._native.GCHook``, when built) and with its Python twin; the best of
 several runs of each, interleaved, the events drained between runs as the engines
 drain them.
 """
@@ -19,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sampler.gctime import GCWatch  # noqa: E402
+from sampler.gctime import GCWatch, native_gc_hook  # noqa: E402
 
 N = 5000
 
@@ -36,9 +37,13 @@ def _nothing(phase: str, info: dict) -> None:
 
 
 def main() -> None:
-    watch = GCWatch(time.perf_counter())
-    watch.active = True
-    best = {"none": float("inf"), "empty callback": float("inf"), "stackshot": float("inf")}
+    watches = {"Python twin": GCWatch(time.perf_counter(), native=False)}
+    if native_gc_hook():
+        watches["C hook"] = GCWatch(time.perf_counter(), native=True)
+    for watch in watches.values():
+        watch.active = True
+    best = {"none": float("inf"), "empty callback": float("inf")}
+    best.update({name: float("inf") for name in watches})
     for _ in range(7):
         best["none"] = min(best["none"], _per_collection())
         gc.callbacks.append(_nothing)
@@ -46,15 +51,16 @@ def main() -> None:
             best["empty callback"] = min(best["empty callback"], _per_collection())
         finally:
             gc.callbacks.remove(_nothing)
-        watch.install()
-        try:
-            best["stackshot"] = min(best["stackshot"], _per_collection())
-        finally:
-            watch.remove()
-            watch.take()
-    print(f"Python {sys.version.split()[0]}: gc.collect(0) takes {best['none'] * 1e6:.2f} µs; "
-          f"an empty callback adds {(best['empty callback'] - best['none']) * 1e6:.2f} µs, "
-          f"stackshot's hook {(best['stackshot'] - best['none']) * 1e6:.2f} µs per collection")
+        for name, watch in watches.items():
+            watch.install()
+            try:
+                best[name] = min(best[name], _per_collection())
+            finally:
+                watch.remove()
+                watch.take()
+    added = {name: (t - best["none"]) * 1e6 for name, t in best.items() if name != "none"}
+    print(f"Python {sys.version.split()[0]}: gc.collect(0) takes {best['none'] * 1e6:.2f} µs; added per "
+          f"collection: " + ", ".join(f"{name} {us:.2f} µs" for name, us in added.items()))
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ class Collector(Steering):
         recorder = self.recorder
         try:
             watch = self.gc_watch
-            if watch is not None and watch.events:
+            if watch is not None and watch.pending:
                 # the collections that ended before this tick, before its samples
                 recorder.record_gc(watch.take(int((now - recorder.start) * 1e6)))
             frames = sys._current_frames()

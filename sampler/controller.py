@@ -22,7 +22,7 @@ from typing import Any, Hashable, Optional, Sequence
 
 from . import engines, switchinterval
 from .collector import Collector
-from .gctime import GCWatch
+from .gctime import GCWatch, native_gc_hook
 from .shadow import check_mode, make_shadow, shadow_engine
 from .recorder import Recorder
 from .snapshot import RunInfo, Snapshots
@@ -415,10 +415,11 @@ def create_sampler(
     ``gc_time``: time every garbage collection (``gc.callbacks``) and file it as a
     sample of the stack that triggered it plus a ``<gc>`` frame (see
     :mod:`sampler.gctime`); ``False`` leaves collections inside the samples around them.
-    The default, ``None``, is ``True`` on the native engine and ``False`` on the
-    Python one: a hook that runs Python code inside every collection lets the GIL
-    change hands there, and the Python collector's frame walk then crashed CPython
-    3.11 under a 6,000-deep recursion (``tests/native_stress.py deep_oscillation``).
+    The default, ``None``, is ``True`` wherever the C hook is built (either engine),
+    and on the native engine; ``False`` on the Python engine without the extension:
+    the Python twin of the hook runs Python code inside every collection, which lets
+    the GIL change hands there, and that crashed CPython 3.11 under the Python
+    collector's frame walk (see :mod:`sampler.gctime`).
     Arguments are checked before any thread starts.
     """
     keys = _check_custom_keys(custom_keys)
@@ -431,7 +432,7 @@ def create_sampler(
     if mode:
         chosen = shadow_engine(chosen, engine)
     if gc_time is None:
-        gc_time = chosen == "native"
+        gc_time = chosen == "native" or native_gc_hook()
     return Sampler(to_track, value, keys, chosen, gc_time, mode)
 
 

@@ -485,7 +485,7 @@ class NativeCollector(Steering):
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
             if pending:
-                self._file_gc(pending, slot.ident, wall_us)
+                self._file_gc(pending, slot.ident, wall_us, cpu_us)
             if raw is None:  # the thread did not run since its last sample
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
@@ -514,7 +514,7 @@ class NativeCollector(Steering):
         dropped: no sample of theirs will ever come to file them before)."""
         pending = self._gc_pending
         watch = self.gc_watch
-        if watch is not None and watch.events:
+        if watch is not None and watch.pending:
             for event in watch.take():
                 pending.setdefault(event[0], []).append(event)
         if pending:
@@ -523,14 +523,15 @@ class NativeCollector(Steering):
                 del pending[ident]
         return pending
 
-    def _file_gc(self, pending: dict, ident: int, wall_us: int) -> None:
-        """File the collections of thread ``ident`` that ended before ``wall_us``."""
+    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> None:
+        """File the collections of thread ``ident`` that ended before ``wall_us``
+        (the sample there read the thread's CPU clock at ``cpu_us``)."""
         events = pending.get(ident)
         if events and events[0][3] <= wall_us:
             n = 0
             while n < len(events) and events[n][3] <= wall_us:
                 n += 1
-            self.recorder.record_gc(events[:n])
+            self.recorder.record_gc(events[:n], cpu_us)
             del events[:n]
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:

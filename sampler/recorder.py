@@ -614,18 +614,26 @@ class Recorder:
                 return ctx
         return None
 
-    def record_gc(self, events: list) -> None:
+    def record_gc(self, events: list, cpu_now_us: Optional[int] = None) -> None:
         """File collections (events of :class:`sampler.gctime.GCWatch`, oldest first),
         each before the next regular sample of its thread: a sample of the stack that
         triggered it plus a ``<gc>`` frame, weighing its durations, which are taken
         out of the interval of that next sample (the context's clocks move on by
         them).  A collection in a thread not sampled yet is not filed: its time
-        falls before the thread's first sample, which no sample counts."""
+        falls before the thread's first sample, which no sample counts.
+
+        A collection's CPU time is never more than the CPU its thread used since its
+        last sample (less what earlier collections took of it): ``cpu_now_us`` is the
+        thread's CPU clock at the sample the events are filed before (an engine that
+        read it), else the thread's clock is read here."""
         trie = self._trie
         for ident, stack, generation, _end, wall_us, cpu_us in events:
             ctx = self.thread_context(ident)
             if ctx is None:
                 continue
+            limit = cpu_now_us if cpu_now_us is not None else self._cpu_now(ctx)
+            if limit is not None:
+                cpu_us = min(cpu_us, max(0, limit - ctx.cpu_us))
             sid = 0
             for code, lasti in reversed(stack):
                 sid = self._child(sid, code, lasti)
@@ -633,6 +641,16 @@ class Recorder:
             self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
             self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
             self.append_sample(ctx, sid, ctx.wall_us + wall_us, ctx.cpu_us + cpu_us)
+
+    @staticmethod
+    def _cpu_now(ctx: _Context) -> Optional[int]:
+        """The CPU clock of the thread of ``ctx`` now (microseconds), if it can be read."""
+        if ctx.clock is None or _clock_gettime is None:
+            return None
+        try:
+            return int(_clock_gettime(ctx.clock) * 1e6)
+        except OSError:
+            return None
 
     # -- reading (any thread, any time, no lock) -----------------------------------------
     def snapshot(self, run: RunInfo) -> Snapshots:

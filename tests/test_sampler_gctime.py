@@ -3,6 +3,9 @@ of the stack that triggered it, its time taken out of the next regular sample, o
 both engines, and the hook gone when sampling ends."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -11,6 +14,7 @@ import pytest
 from analyzer import analyze_samples, render_text
 from analyzer.gcview import gc_times
 from sampler import create_sampler
+from sampler import gctime
 from sampler.gctime import GCWatch
 
 
@@ -33,7 +37,8 @@ def _cycles_for(cpu_seconds: float) -> None:
 
 
 def _ours(hook) -> bool:
-    return getattr(hook, "__self__", None).__class__ is GCWatch
+    return (getattr(hook, "__self__", None).__class__ is GCWatch
+            or type(hook).__name__ == "GCHook")
 
 
 def test_collections_are_gc_samples_matching_the_callbacks_cpu_time(sampler_engine):
@@ -92,7 +97,7 @@ def test_the_hook_is_installed_while_sampling_and_gone_after_stop(sampler_engine
     with create_sampler(threading.current_thread(), 0.005, gc_time=False):
         assert not any(_ours(h) for h in gc.callbacks)
     with create_sampler(threading.current_thread(), 0.005) as sampler:  # the engine's default
-        assert sum(_ours(h) for h in gc.callbacks) == (sampler.engine == "native")
+        assert sum(_ours(h) for h in gc.callbacks) == (sampler.engine == "native" or gctime.native_gc_hook())
 
 
 @pytest.mark.engines("python")
@@ -113,3 +118,233 @@ def test_collections_while_paused_are_not_recorded():
 def test_gc_time_takes_a_bool(sampler_engine):
     with pytest.raises(TypeError, match="gc_time must be True or False"):
         create_sampler(threading.current_thread(), 0.01, gc_time="yes")
+
+
+# -- the hook itself: the C one and its Python twin -----------------------------------
+HOOKS = [pytest.param(True, id="c-hook"), pytest.param(False, id="python-twin")]
+
+
+def _watch(native: bool, **kw) -> GCWatch:
+    if native and not gctime.native_gc_hook():
+        pytest.skip("the C extension sampler._native is not built here")
+    watch = GCWatch(time.perf_counter(), native=native, **kw)
+    watch.active = True
+    return watch
+
+
+def _collect_here(n: int, generation: int = 0) -> None:
+    for _ in range(n):
+        gc.collect(generation)
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_hook_events_match_a_users_own_callback(native):
+    watch = _watch(native)
+    seen = []  # the user's view: (generation, start, stop) in perf_counter seconds
+
+    def user(phase, info):  # called after ours in both phases (list order)
+        if threading.get_ident() != me:
+            return
+        if phase == "start":
+            seen.append([info["generation"], time.perf_counter(), None])
+        else:
+            seen[-1][2] = time.perf_counter()
+
+    me = threading.get_ident()
+    watch.install()
+    gc.callbacks.append(user)
+    try:
+        _collect_here(20, 0)
+        _collect_here(5, 2)
+    finally:
+        gc.callbacks.remove(user)
+        watch.remove()
+    events = [e for e in watch.take() if e[0] == me]
+    assert len(events) == len(seen) == 25 and watch.collections >= 25 and watch.dropped == 0
+    for (ident, stack, generation, end_us, wall_us, cpu_us), (gen, t0, t1) in zip(events, seen):
+        assert ident == me == threading.get_ident() and generation == gen
+        # ours started before the user's start and stopped between it and the user's
+        # stop (2 µs: the hook's times are whole microseconds, truncated)
+        t0_us, t1_us = (t0 - watch.start) * 1e6, (t1 - watch.start) * 1e6
+        assert t0_us - 2 <= end_us <= t1_us + 2 and end_us - wall_us <= t0_us + 2
+        assert 0 <= cpu_us <= max(wall_us, gctime.CPU_CLOCK_ABOVE_US) + 50  # (clocks read apart)
+        assert stack[0][0] is _collect_here.__code__  # innermost first
+        assert len(stack) >= 2 and all(isinstance(lasti, int) and lasti >= 0 for _, lasti in stack)
+
+
+class _Init:
+    def __init__(self, k: int) -> None:
+        self.k = k
+        if k == 99:
+            gc.collect(0)
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_a_collection_in_init_has_the_callers_stack(native):
+    """3.13 calls a class's __init__ through a static shim frame (once the call is
+    specialised): never part of a stack, never a code object to keep."""
+    watch = _watch(native)
+
+    def make() -> None:
+        for k in range(100):
+            _Init(k)
+
+    watch.install()
+    try:
+        make()
+    finally:
+        watch.remove()
+    events = [e for e in watch.take() if e[0] == threading.get_ident()]
+    assert len(events) == 1
+    codes = [code for code, _ in events[0][1]]
+    assert codes[:2] == [_Init.__init__.__code__, make.__code__], [c.co_name for c in codes]
+    assert all(code.co_filename == __file__ for code in codes[:2])
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_a_full_ring_drops_and_counts(native):
+    watch = _watch(native, max_events=4)
+    watch.install()
+    try:
+        _collect_here(10)
+    finally:
+        watch.remove()
+    assert watch.pending == 4 and watch.collections == 4 and watch.dropped >= 6
+    assert len(watch.take()) == 4 and watch.pending == 0
+    watch.install()
+    try:
+        _collect_here(2)
+    finally:
+        watch.remove()
+    assert watch.pending >= 2  # room again once drained
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_install_and_remove_leave_gc_callbacks_as_they_were(native):
+    def before(phase, info):
+        pass
+
+    def after(phase, info):
+        pass
+
+    gc.callbacks[:0] = [before]
+    gc.callbacks.append(after)
+    try:
+        original = list(gc.callbacks)
+        watch = _watch(native)
+        watch.install()
+        watch.install()
+        assert [h for h in gc.callbacks if h is watch.hook] == [watch.hook]
+        assert len(gc.callbacks) == len(original) + 1
+        watch.remove()
+        watch.remove()
+        assert len(gc.callbacks) == len(original)
+        assert all(a is b for a, b in zip(gc.callbacks, original))
+    finally:
+        gc.callbacks.remove(before)
+        gc.callbacks.remove(after)
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_collections_in_several_threads_each_under_their_own_stack(native):
+    watch = _watch(native)
+    barrier = threading.Barrier(4)
+    idents = {}
+
+    def collector_of(k):
+        def collect_in_thread():
+            barrier.wait()
+            for _ in range(10):
+                gc.collect(0)
+            idents[threading.get_ident()] = collect_in_thread.__code__
+        return collect_in_thread
+
+    threads = [threading.Thread(target=collector_of(k)) for k in range(4)]
+    watch.install()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        watch.remove()
+    events = [e for e in watch.take() if e[0] in idents]
+    assert len(events) == 40
+    for ident, code in idents.items():
+        mine = [e for e in events if e[0] == ident]
+        assert len(mine) == 10 and all(e[1][0][0] is code for e in mine)
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_a_collection_whose_thread_waits_is_not_charged_the_wait_as_cpu(native):
+    watch = _watch(native)
+
+    def wait_inside(phase, info):  # after ours: this sleep is inside the timed collection
+        if phase == "start" and threading.get_ident() == me:
+            time.sleep(0.02)
+
+    me = threading.get_ident()
+    watch.install()
+    gc.callbacks.append(wait_inside)
+    try:
+        cpu0 = time.thread_time()
+        _collect_here(3)
+        used_us = (time.thread_time() - cpu0) * 1e6
+    finally:
+        gc.callbacks.remove(wait_inside)
+        watch.remove()
+    events = [e for e in watch.take() if e[0] == me]
+    assert len(events) == 3
+    assert all(e[4] >= 20_000 for e in events)  # the wall time has the wait
+    # CPU: measured (the generation's last collection was long) or at most the rule's cap
+    assert sum(e[5] for e in events) <= used_us + 3 * gctime.CPU_CLOCK_ABOVE_US
+
+
+def test_the_recorder_charges_no_more_cpu_than_the_thread_used(sampler_engine):
+    """End to end: collections that wait 20 ms inside (a sleeping callback) are filed
+    with their wall time, and the profile's CPU stays within the thread's own."""
+    def wait_inside(phase, info):
+        if phase == "start" and threading.get_ident() == me:
+            time.sleep(0.02)
+
+    me = threading.get_ident()
+    cpu0 = time.thread_time()
+    sampler = create_sampler(threading.current_thread(), 0.002, gc_time=True)
+    try:
+        _cycles_for(0.05)  # sampled at least once before the collections
+        gc.callbacks.append(wait_inside)
+        try:
+            _collect_here(5)
+        finally:
+            gc.callbacks.remove(wait_inside)
+        _cycles_for(0.05)
+    finally:
+        sampler.stop()
+    spent = time.thread_time() - cpu0
+    snaps = sampler.get_snapshots()
+    extra = snaps.runs[0].extra
+    walls = sum(extra.get("gc_wall_seconds", {}).values())
+    if walls < 0.1:  # the main thread was not sampled before the collections (a loaded machine)
+        pytest.skip(f"the collections were not filed (gc wall {walls})")
+    assert sum(extra["gc_seconds"].values()) <= spent + 0.001
+    profile = analyze_samples(snaps, gc_frames="stack")
+    assert profile.total_time <= spent + 0.005
+
+
+STRESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_stress.py")
+
+
+@pytest.mark.engines("python")
+def test_gc_time_on_the_python_engine_survives_deep_recursion(sampler_engine):
+    """The old crash: a Python gc hook let the GIL change hands inside a collection
+    that the Python collector's ``frame.f_back`` had triggered, the walked thread
+    returned from a 6,000-deep recursion meanwhile (its data-stack chunks freed),
+    and CPython 3.11 read the freed frame.  With the C hook no Python code runs
+    inside a collection: the same program, gc_time on by default, must exit 0."""
+    if not gctime.native_gc_hook():
+        pytest.skip("the C hook is not built: the Python engine keeps gc_time off")
+    env = dict(os.environ, STACKSHOT_ENGINE="python", STRESS_SECONDS="0.5")
+    child = subprocess.run([sys.executable, STRESS, "deep_oscillation"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    assert "deep_oscillation ok" in child.stdout

@@ -18,6 +18,7 @@
 #include "pyframes.h"
 #include "markstacks.h"
 #include "shadowstacks.h"
+#include "gchook.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -1141,5 +1142,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
+    if (ss_gc_add_type(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }
