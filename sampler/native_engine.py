@@ -496,9 +496,11 @@ class NativeCollector(Steering):
             # both). That CPU went on from where it was last seen running, not into
             # the call it waits in: file the run first, as a sample there when the CPU
             # ran out (at the latest, now), then the wait with no CPU of its own.
+            # (Only within one greenlet, the same outermost frame: after a switch the
+            # CPU went into the greenlet found now, wherever the last one ran.)
             asleep = bool(flags & ASLEEP)
             waiting = asleep or raw in slot.slept_in
-            if waiting and slot.ran is not None and cpu_us > slot.last_cpu_us:
+            if waiting and slot.ran is not None and slot.ran[1] == base and cpu_us > slot.last_cpu_us:
                 ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
                 self._file_sample(slot, *slot.ran, ran_until, cpu_us)
             sid = self._stack_id(raw, flags)
