@@ -13,6 +13,8 @@ every function entry and exit.  Here the interpreter's own events do it:
   ``threading.setprofile`` for threads started later): ``call`` / ``return``, and
   ``c_call`` / ``c_return`` / ``c_exception``.  Only one profile function can run
   per thread, so another profiler (cProfile) running makes this a clear error.
+  With Python frames only, the native engine uses a frame-evaluation hook instead
+  (PEP 523, :class:`NativeShadowStacks`), far cheaper on 3.11.
 
 Each thread's stack is seeded from its live frames at its first event after
 sampling starts (and again after a greenlet switch, which changes the whole stack:
@@ -342,15 +344,17 @@ class NativeShadowStacks(ShadowStacks):
 
     _running: list = []  # the one instance whose session runs (the C state is the module's)
     _hook_verdict: Optional[bool] = None  # whether the eval-frame hook sees every call here
+    hooked = False  # the eval-frame hook keeps this session's stacks (no events)
 
     def install(self) -> None:
         if NativeShadowStacks._running:
             raise RuntimeError("another sampler with use_errortrace runs on the native engine: "
                                "stop it first (the C shadow stacks are one per process)")
-        self._native.shadow_start(self.c_functions, c_frame)
+        hook = self._hook_possible()
+        self._native.shadow_start(self.c_functions, c_frame, not hook)  # no profile function with the hook
         NativeShadowStacks._running.append(self)
         try:
-            if self._install_hook():
+            if hook and self._install_hook():
                 self.installed = True
                 self._install_greenlet_trace()
             else:
@@ -359,26 +363,25 @@ class NativeShadowStacks(ShadowStacks):
             self._end_session()
             raise
 
+    def _hook_possible(self) -> bool:
+        return (not self.c_functions and hasattr(self._native, "shadow_hook")
+                and NativeShadowStacks._hook_verdict is not False)
+
     def _install_hook(self) -> bool:
         """Python frames only (``'python'``): keep the stacks by the eval-frame hook
-        (``shadowstacks.h``), far cheaper than events, where it is built (3.10-3.12), no
+        (``shadowstacks.h``), far cheaper than events, where it is built (3.10-3.11), no
         other frame evaluator is installed, and it passed :func:`_hook_sees_every_call`."""
         n = self._native
-        if self.c_functions or not hasattr(n, "shadow_hook") or NativeShadowStacks._hook_verdict is False:
-            return False
-        if not n.shadow_hook(True):
-            return False
-        if NativeShadowStacks._hook_verdict is None:
+        if n.shadow_hook(True) and NativeShadowStacks._hook_verdict is None:
             NativeShadowStacks._hook_verdict = _hook_sees_every_call(n.shadow_top)
-            if not NativeShadowStacks._hook_verdict:  # start over with events, on a fresh session
+            if not NativeShadowStacks._hook_verdict:
                 n.shadow_hook(False)
-                n.shadow_stop()
-                n.shadow_start(self.c_functions, c_frame)
-                return False
+        if not n.shadow_stats()["eval_hook"]:  # start over with events, on a fresh session
+            n.shadow_stop()
+            n.shadow_start(self.c_functions, c_frame)
+            return False
         self.hooked = True
         return True
-
-    hooked = False  # the eval-frame hook keeps the stacks (no events)
 
     def _end_session(self) -> None:
         if self in NativeShadowStacks._running:

@@ -199,6 +199,28 @@ def test_python_frames_are_kept_by_the_eval_frame_hook_where_it_sees_every_call(
     _no_hooks_left()
 
 
+@pytest.mark.engines("native")
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the eval-frame hook is used before 3.12 only")
+def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_engine):
+    import cProfile
+    import pstats
+
+    def profiled():
+        return sum(range(1000))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        with _mode_sampler("python") as sampler:
+            ck = Checker(sampler)
+            profiled()
+            ck.check()
+    finally:
+        prof.disable()
+    assert "profiled" in {k[2] for k in pstats.Stats(prof).stats} and ck.checked == 1
+    _no_hooks_left()
+
+
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 itself recurses in C on every call")
 def test_a_recursion_deeper_than_the_c_stack_allows_runs_and_is_still_sampled(sampler_engine):
     # calls through the eval-frame hook recurse in C: near the end of a small thread

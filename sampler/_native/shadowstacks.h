@@ -485,11 +485,13 @@ static PyObject *ss_shadow_top(PyObject *m, PyObject *unused) {
 
 /* ---- module functions (under the GIL) ----------------------------------------- */
 
-/* shadow_start(c_functions, namer): a new session (every stack seeded again). */
+/* shadow_start(c_functions, namer, profile=True): a new session (every stack seeded
+ * again); before 3.12, profile: the C profile function goes into every thread state
+ * (False: the eval-frame hook keeps the stacks). */
 static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
-    int c_functions;
+    int c_functions, profile = 1;
     PyObject *namer;
-    if (!PyArg_ParseTuple(args, "pO", &c_functions, &namer)) return NULL;
+    if (!PyArg_ParseTuple(args, "pO|p", &c_functions, &namer, &profile)) return NULL;
     if (ss_c_frames == NULL) {
         ss_c_frames = PyList_New(0);
         ss_c_kept = PyList_New(0);
@@ -508,7 +510,7 @@ static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
 #if PY_VERSION_HEX < 0x030C0000
     PyThreadState *me = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); profile && ts; ts = PyThreadState_Next(ts)) {
         if (ts->c_profilefunc != NULL && ts->c_profilefunc != ss_profile) {
             PyErr_SetString(PyExc_RuntimeError,
                             "use_errortrace before Python 3.12 needs every thread's profile function, and "
@@ -522,7 +524,7 @@ static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
     ss_shadow_c = c_functions;
     ss_shadow_on = 1;
 #if PY_VERSION_HEX < 0x030C0000
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); profile && ts; ts = PyThreadState_Next(ts)) {
         if (_PyEval_SetProfile(ts, ss_profile, NULL) != 0) {
             PyErr_Clear();
         }
@@ -620,7 +622,7 @@ static PyObject *ss_shadow_stats(PyObject *m, PyObject *unused) {
 #define SS_SHADOW_METHODS \
     SS_SHADOW_CALLBACKS \
     SS_HOOK_METHODS \
-    {"shadow_start", ss_shadow_start, METH_VARARGS, "shadow_start(c_functions, namer): a new session"}, \
+    {"shadow_start", ss_shadow_start, METH_VARARGS, "shadow_start(c_functions, namer, profile=True): a new session"}, \
     {"shadow_stop", ss_shadow_stop, METH_NOARGS, "End the session"}, \
     {"shadow_unseed", ss_shadow_unseed, METH_NOARGS, "Seed the calling thread's stack again at its next event"}, \
     {"shadow_stack", ss_shadow_stack, METH_O, "shadow_stack(tstate) -> entries outermost first, or None"}, \
