@@ -17,7 +17,7 @@
  * is not there is ignored. A thread's stack is seeded from its live frames at its
  * first event of a session (and after a greenlet switch: shadow_unseed).
  *
- * Like the mark stacks: one per thread state, never freed, in an append-only list;
+ * Like the mark stacks: one per thread state, never freed (threadrecords.h);
  * the owner writes under the GIL inside a sequence counter (odd while writing), the
  * collector copies without a lock and retries on a change. At most SS_SHADOW_MAX
  * entries are stored; deeper pushes only count (depth goes on, overflow counts).
@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <frameobject.h>
 #include "pyframes.h"
+#include "threadrecords.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +37,7 @@
 #define SS_C_IDS 8192  /* slots of the C callable table (ids given at most 3/4 of it) */
 
 typedef struct ss_shadow {
-    uintptr_t tstate;
+    ss_thread_record record;  /* first: the owner's thread state, the list */
     uint32_t seq;       /* odd while the owner writes */
     uint32_t depth;     /* entries pushed (may exceed SS_SHADOW_MAX) */
     uint32_t epoch;     /* the session it was seeded in; another: not seeded */
@@ -44,11 +45,9 @@ typedef struct ss_shadow {
     uintptr_t entries[SS_SHADOW_MAX];  /* outermost first */
     uintptr_t frames[SS_SHADOW_MAX];   /* owner only: each entry's frame (0: unknown), for the eval hook */
     uintptr_t stack_guard;             /* owner only: the eval hook leaves when its C stack goes below */
-    struct ss_shadow *next;
 } ss_shadow;
 
-static ss_shadow *ss_shadows = NULL;
-static pthread_mutex_t ss_shadows_lock = PTHREAD_MUTEX_INITIALIZER;
+static ss_thread_records ss_shadows = SS_THREAD_RECORDS_INIT;
 static uint32_t ss_shadow_epoch = 1;    /* sessions; bumped at start and stop */
 static int ss_shadow_on = 0;            /* a session runs (under the GIL) */
 static int ss_shadow_c = 0;             /* C callables get entries */
@@ -79,9 +78,7 @@ static uintptr_t ss_stack_guard(void) {
 }
 
 static ss_shadow *ss_shadow_find(uintptr_t tstate) {
-    for (ss_shadow *s = __atomic_load_n(&ss_shadows, __ATOMIC_ACQUIRE); s; s = s->next)
-        if (s->tstate == tstate) return s;
-    return NULL;
+    return (ss_shadow *)ss_records_find(&ss_shadows, tstate);
 }
 
 /* The calling thread's stack (it holds the GIL), made on first use; NULL: no memory.
@@ -90,17 +87,8 @@ static ss_shadow *ss_shadow_find(uintptr_t tstate) {
 static ss_shadow *ss_shadow_mine(void) {
     ss_shadow *s = ss_my_shadow;
     if (s != NULL) return s;
-    uintptr_t tstate = (uintptr_t)PyThreadState_Get();
-    s = ss_shadow_find(tstate);
-    if (s == NULL) {
-        s = calloc(1, sizeof *s);
-        if (s == NULL) return NULL;
-        s->tstate = tstate;
-        pthread_mutex_lock(&ss_shadows_lock);
-        s->next = ss_shadows;
-        __atomic_store_n(&ss_shadows, s, __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&ss_shadows_lock);
-    }
+    s = (ss_shadow *)ss_records_get(&ss_shadows, (uintptr_t)PyThreadState_Get(), sizeof(ss_shadow));
+    if (s == NULL) return NULL;
     s->stack_guard = ss_stack_guard();  /* this OS thread's (a thread state's record outlives its thread) */
     ss_my_shadow = s;
     return s;
