@@ -199,6 +199,34 @@ def test_python_frames_are_kept_by_the_eval_frame_hook_where_it_sees_every_call(
     _no_hooks_left()
 
 
+def test_the_hook_check_fails_when_a_call_is_not_seen():
+    from sampler.shadow import _hook_sees_every_call
+
+    assert not _hook_sees_every_call(lambda: None)  # no callee ever finds itself on top
+
+
+@pytest.mark.engines("native")
+def test_without_the_eval_frame_hook_the_events_keep_python_frames_exact(sampler_engine, monkeypatch):
+    # what runs where the hook fails its check (or another frame evaluator is installed)
+    from sampler.shadow import NativeShadowStacks
+
+    monkeypatch.setattr(NativeShadowStacks, "_hook_verdict", False)
+
+    def gen():
+        ck.check()
+        yield 1
+        ck.check()
+
+    with _mode_sampler("python") as sampler:
+        assert not sampler._shadow.hooked
+        ck = Checker(sampler)
+        for _ in gen():
+            ck.check()
+        ck.check()
+    assert ck.checked == 4
+    _no_hooks_left()
+
+
 @pytest.mark.engines("native")
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="the eval-frame hook is used before 3.12 only")
 def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_engine):
