@@ -98,10 +98,27 @@ def _stop(handle: Any) -> None:
             return
 
 
+MECHANISMS: dict[str, str] = {}  # config -> what kept its instrumented stacks
+
+
+def _mechanism(handle: Any) -> str | None:
+    """What keeps a sampler's shadow stacks: the eval-frame hook, sys.monitoring or a
+    profile function (None: not an instrumented sampler)."""
+    shadow = getattr(handle, "_shadow", None)
+    if shadow is None:
+        return None
+    if getattr(shadow, "hooked", False):
+        return "eval-frame hook"
+    return "sys.monitoring" if sys.version_info >= (3, 12) else "profile function"
+
+
 def _timed(work: Callable[[], Any], config: str | None) -> float | None:
     handle = CONFIGS[config]() if config else None
     if config and handle is None:
         return None
+    mechanism = _mechanism(handle)
+    if mechanism:
+        MECHANISMS[config] = mechanism  # type: ignore[index]
     t0 = time.process_time()
     try:
         work()
@@ -133,6 +150,7 @@ def measure(rounds: int) -> dict:
             "baseline_seconds": statistics.median(baselines), "baseline_spread": spread,
             "ratios": {c: statistics.median(v) if v else None for c, v in ratios.items()},
         }
+    out["mechanisms"] = dict(MECHANISMS)
     return out
 
 
@@ -146,8 +164,14 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.rounds} rounds)")
     for wname, w in result["workloads"].items():
         print(f"  {wname}: baseline {w['baseline_seconds']:.3f} s, baseline spread {w['baseline_spread']:.1%}")
+        cprofile = w["ratios"].get("cProfile")
         for c, ratio in w["ratios"].items():
-            print(f"    {c:32} {'not installed' if ratio is None else f'{ratio:.2f}x'}")
+            if ratio is None:
+                print(f"    {c:32} not installed")
+                continue
+            versus = f"   {ratio / cprofile:.2f} of cProfile's" if cprofile and c != "cProfile" else ""
+            how = f"   ({result['mechanisms'][c]})" if c in result["mechanisms"] else ""
+            print(f"    {c:32} {ratio:.2f}x{versus}{how}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

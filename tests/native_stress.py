@@ -188,12 +188,12 @@ def exceptions_unwinding() -> str:
 
 
 
-def instrumented_stacks() -> str:
+def instrumented_stacks(mode: object = True) -> str:
     """use_errortrace=True: the interpreter's events keep a shadow stack per thread,
     which the collector copies while threads start and end, recurse past the shadow
     stack's depth bound, raise through frames, run generators and call C functions."""
     sys.setrecursionlimit(20_000)
-    ctl = sampler.create_sampler(sampler.ALL_THREADS, DELAY, use_errortrace=True)
+    ctl = sampler.create_sampler(sampler.ALL_THREADS, DELAY, use_errortrace=mode)
 
     def down(n: int) -> int:
         if n == 0:
@@ -223,6 +223,11 @@ def instrumented_stacks() -> str:
         started += 1
     ctl.stop()
     return f"{_check(ctl.get_snapshots())} samples, {started} threads"
+
+def instrumented_python_frames() -> str:
+    """use_errortrace='python': the same, kept by the eval-frame hook on 3.10-3.11."""
+    return instrumented_stacks("python")
+
 
 def greenlet_switches() -> str:
     """Two greenlets and the main one switch thousands of times; all are tracked."""
@@ -353,7 +358,8 @@ def exit_while_sampling() -> str:
 
 SCENARIOS = {f.__name__: f for f in (
     threads_churn, deep_oscillation, generators_and_coroutines, exceptions_unwinding,
-    instrumented_stacks, greenlet_switches, code_churn, fork_while_sampling, signals, exit_while_sampling)}
+    instrumented_stacks, instrumented_python_frames, greenlet_switches, code_churn, fork_while_sampling, signals,
+    exit_while_sampling)}
 
 
 if __name__ == "__main__":

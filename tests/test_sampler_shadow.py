@@ -168,7 +168,123 @@ def test_seeded_from_the_live_frames_when_started_deep(sampler_engine):
     assert deep(20, None) == 1
 
 
+def test_a_frame_entered_before_start_leaves_the_stack_when_it_returns(sampler_engine):
+    # the eval-frame hook never sees such a frame end: its caller's next call drops it
+    box = []
+
+    def starts_and_returns():
+        box.append(_mode_sampler("python"))
+
+    starts_and_returns()
+    try:
+        ck = Checker(box[0])
+        ck.check()
+    finally:
+        box[0].stop()
+    assert ck.checked == 1
+
+
+@pytest.mark.engines("native")
+def test_python_frames_are_kept_by_the_eval_frame_hook_where_it_sees_every_call(sampler_engine):
+    # 3.10-3.11: the cheap hook (no sys.monitoring tool, no profile function); on 3.12
+    # calls through it count against the C recursion limit (~750 frames deep), and
+    # 3.13's specialized __init__ calls skip it: there the events keep the stacks
+    with _mode_sampler("python") as sampler:
+        hooked = sampler._shadow.hooked
+        tools = [sys.monitoring.get_tool(t) for t in range(6)] if sys.version_info >= (3, 12) else []
+        profile = sys.getprofile()
+    assert hooked == (sys.version_info < (3, 12))
+    if hooked:
+        assert "stackshot" not in tools and profile is None
+    _no_hooks_left()
+
+
+def test_the_hook_check_fails_when_a_call_is_not_seen():
+    from sampler.shadow import _hook_sees_every_call
+
+    assert not _hook_sees_every_call(lambda: None)  # no callee ever finds itself on top
+
+
+@pytest.mark.engines("native")
+def test_without_the_eval_frame_hook_the_events_keep_python_frames_exact(sampler_engine, monkeypatch):
+    # what runs where the hook fails its check (or another frame evaluator is installed)
+    from sampler.shadow import NativeShadowStacks
+
+    monkeypatch.setattr(NativeShadowStacks, "_hook_verdict", False)
+
+    def gen():
+        ck.check()
+        yield 1
+        ck.check()
+
+    with _mode_sampler("python") as sampler:
+        assert not sampler._shadow.hooked
+        ck = Checker(sampler)
+        for _ in gen():
+            ck.check()
+        ck.check()
+    assert ck.checked == 4
+    _no_hooks_left()
+
+
+@pytest.mark.engines("native")
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the eval-frame hook is used before 3.12 only")
+def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_engine):
+    import cProfile
+    import pstats
+
+    def profiled():
+        return sum(range(1000))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        with _mode_sampler("python") as sampler:
+            ck = Checker(sampler)
+            profiled()
+            ck.check()
+    finally:
+        prof.disable()
+    assert "profiled" in {k[2] for k in pstats.Stats(prof).stats} and ck.checked == 1
+    _no_hooks_left()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 itself recurses in C on every call")
+def test_a_recursion_deeper_than_the_c_stack_allows_runs_and_is_still_sampled(sampler_engine):
+    # calls through the eval-frame hook recurse in C: near the end of a small thread
+    # stack the hook leaves, and the collector walks the frames instead
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    depths = []
+
+    def down(n):
+        if n:
+            return down(n - 1)
+        depths.append(len(_live_codes()))
+        return 0
+
+    size = threading.stack_size(256 << 10)
+    try:
+        with _mode_sampler("python") as sampler:
+            worker = threading.Thread(target=down, args=(30_000,))
+            worker.start()
+            worker.join()
+            with_hook = getattr(sampler._shadow, "hooked", False)
+            if with_hook:
+                assert sampler._shadow._native.shadow_stats()["eval_hook_lost"] == 1
+            down(10)
+    finally:
+        threading.stack_size(size)
+        sys.setrecursionlimit(limit)
+    assert depths[0] > 30_000 and len(depths) == 2
+    _no_hooks_left()
+
+
 def _no_hooks_left():
+    from sampler import engines
+
+    if engines.native_available():
+        assert engines._native.shadow_stats()["eval_hook"] == 0
     if sys.version_info >= (3, 12):
         assert [t for t in range(6) if sys.monitoring.get_tool(t) == "stackshot"] == []
     else:
@@ -179,7 +295,9 @@ def _no_hooks_left():
 def test_start_and_stop_leave_no_hook(sampler_engine, mode):
     _no_hooks_left()
     with _mode_sampler(mode) as sampler:
-        if sys.version_info >= (3, 12):
+        if getattr(sampler._shadow, "hooked", False):
+            assert sampler._shadow._native.shadow_stats()["eval_hook"] == 1
+        elif sys.version_info >= (3, 12):
             assert "stackshot" in [sys.monitoring.get_tool(t) for t in range(6)]
     _no_hooks_left()
     extra = sampler.get_snapshots().runs[0].extra

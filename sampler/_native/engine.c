@@ -1102,8 +1102,8 @@ static PyObject *mark_remove(PyObject *m, PyObject *arg) {
 }
 
 static PyObject *after_fork(PyObject *m, PyObject *unused) {
-    pthread_mutex_init(&ss_markstacks_lock, NULL);
-    pthread_mutex_init(&ss_shadows_lock, NULL);
+    pthread_mutex_init(&ss_markstacks.lock, NULL);
+    pthread_mutex_init(&ss_shadows.lock, NULL);
     Py_RETURN_NONE;
 }
 

@@ -3,17 +3,16 @@
  * `with sampler.mark(key, value):` pushes (frame address, entry id) on the calling
  * thread's stack here and pops it on exit; the collector, walking that thread's
  * frames, keeps the entries whose frame is on the stack it read, so a sample carries
- * exactly the marks of its own frames. The stacks are owned by this module and never
- * freed (a thread that exits leaves its stack to the next thread with the same
- * thread state), so the collector reads them with plain loads; a sequence counter,
- * odd while the owner writes, tells it to read again.
+ * exactly the marks of its own frames. The stacks are per-thread-state records
+ * (threadrecords.h), never freed, so the collector reads them with plain loads; a
+ * sequence counter, odd while the owner writes, tells it to read again.
  */
 #ifndef STACKSHOT_MARKSTACKS_H
 #define STACKSHOT_MARKSTACKS_H
 
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
+
+#include "threadrecords.h"
 
 #define SS_MAX_MARKS 64
 
@@ -23,35 +22,22 @@ typedef struct {
 } ss_mark;
 
 typedef struct ss_markstack {
-    uintptr_t tstate;          /* owner's thread state */
+    ss_thread_record record;   /* first: the owner's thread state, the list */
     uint32_t seq;              /* odd while the owner writes */
     uint32_t depth;            /* entries in use (may exceed SS_MAX_MARKS: overflow) */
     ss_mark marks[SS_MAX_MARKS];
-    struct ss_markstack *next; /* registry list, append-only */
 } ss_markstack;
 
-static ss_markstack *ss_markstacks = NULL;  /* append-only, read without a lock */
-static pthread_mutex_t ss_markstacks_lock = PTHREAD_MUTEX_INITIALIZER;
+static ss_thread_records ss_markstacks = SS_THREAD_RECORDS_INIT;
 
 /* The stack of the thread with this thread state, NULL when it never marked. */
 static ss_markstack *ss_markstack_find(uintptr_t tstate) {
-    for (ss_markstack *s = __atomic_load_n(&ss_markstacks, __ATOMIC_ACQUIRE); s; s = s->next)
-        if (s->tstate == tstate) return s;
-    return NULL;
+    return (ss_markstack *)ss_records_find(&ss_markstacks, tstate);
 }
 
 /* The calling thread's stack (it holds the GIL), created on first use. */
 static ss_markstack *ss_markstack_of(uintptr_t tstate) {
-    ss_markstack *s = ss_markstack_find(tstate);
-    if (s != NULL) return s;
-    s = calloc(1, sizeof *s);
-    if (s == NULL) return NULL;
-    s->tstate = tstate;
-    pthread_mutex_lock(&ss_markstacks_lock);
-    s->next = ss_markstacks;
-    __atomic_store_n(&ss_markstacks, s, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&ss_markstacks_lock);
-    return s;
+    return (ss_markstack *)ss_records_get(&ss_markstacks, tstate, sizeof(ss_markstack));
 }
 
 static inline void ss_markstack_begin(ss_markstack *s) {

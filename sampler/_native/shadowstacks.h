@@ -8,7 +8,8 @@
  * C_RAISE pop it. Before 3.12: a C profile function (call / return, c_call /
  * c_return / c_exception) installed in every thread state, and in threads started
  * later through threading.setprofile (a bootstrap that installs it at their first
- * event).
+ * event); with Python frames only, an eval-frame hook instead (see below: far
+ * cheaper on 3.11).
  *
  * Entries are tagged words: a code object's address (even), or (id << 1) | 1 for a
  * C callable, whose name Python holds (ids are given under the GIL, keyed by what
@@ -17,7 +18,7 @@
  * is not there is ignored. A thread's stack is seeded from its live frames at its
  * first event of a session (and after a greenlet switch: shadow_unseed).
  *
- * Like the mark stacks: one per thread state, never freed, in an append-only list;
+ * Like the mark stacks: one per thread state, never freed (threadrecords.h);
  * the owner writes under the GIL inside a sequence counter (odd while writing), the
  * collector copies without a lock and retries on a change. At most SS_SHADOW_MAX
  * entries are stored; deeper pushes only count (depth goes on, overflow counts).
@@ -27,6 +28,8 @@
 
 #include <Python.h>
 #include <frameobject.h>
+#include "pyframes.h"
+#include "threadrecords.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,17 +38,17 @@
 #define SS_C_IDS 8192  /* slots of the C callable table (ids given at most 3/4 of it) */
 
 typedef struct ss_shadow {
-    uintptr_t tstate;
+    ss_thread_record record;  /* first: the owner's thread state, the list */
     uint32_t seq;       /* odd while the owner writes */
     uint32_t depth;     /* entries pushed (may exceed SS_SHADOW_MAX) */
     uint32_t epoch;     /* the session it was seeded in; another: not seeded */
     uint32_t pad;
     uintptr_t entries[SS_SHADOW_MAX];  /* outermost first */
-    struct ss_shadow *next;
+    uintptr_t frames[SS_SHADOW_MAX];   /* owner only: each entry's frame (0: unknown), for the eval hook */
+    uintptr_t stack_guard;             /* owner only: the eval hook leaves when its C stack goes below */
 } ss_shadow;
 
-static ss_shadow *ss_shadows = NULL;
-static pthread_mutex_t ss_shadows_lock = PTHREAD_MUTEX_INITIALIZER;
+static ss_thread_records ss_shadows = SS_THREAD_RECORDS_INIT;
 static uint32_t ss_shadow_epoch = 1;    /* sessions; bumped at start and stop */
 static int ss_shadow_on = 0;            /* a session runs (under the GIL) */
 static int ss_shadow_c = 0;             /* C callables get entries */
@@ -60,10 +63,23 @@ static PyObject *ss_c_frames = NULL;  /* list: id -> frame (made by ss_c_namer) 
 static PyObject *ss_c_kept = NULL;    /* list: types used as keys, kept alive */
 static PyObject *ss_c_namer = NULL;   /* sampler.shadow.c_frame */
 
+/* The lowest address of the calling thread's C stack the eval hook may run at: a
+ * quarter of the stack (at least 256 KiB, at most half) is left to the program. */
+static uintptr_t ss_stack_guard(void) {
+    pthread_attr_t attr;
+    void *lo;
+    size_t size;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return UINTPTR_MAX;  /* unknown: never */
+    int bad = pthread_attr_getstack(&attr, &lo, &size);
+    pthread_attr_destroy(&attr);
+    if (bad) return UINTPTR_MAX;
+    size_t keep = size / 4 < (256 << 10) ? (256 << 10) : size / 4;
+    if (keep > size / 2) keep = size / 2;
+    return (uintptr_t)lo + keep;
+}
+
 static ss_shadow *ss_shadow_find(uintptr_t tstate) {
-    for (ss_shadow *s = __atomic_load_n(&ss_shadows, __ATOMIC_ACQUIRE); s; s = s->next)
-        if (s->tstate == tstate) return s;
-    return NULL;
+    return (ss_shadow *)ss_records_find(&ss_shadows, tstate);
 }
 
 /* The calling thread's stack (it holds the GIL), made on first use; NULL: no memory.
@@ -72,17 +88,9 @@ static ss_shadow *ss_shadow_find(uintptr_t tstate) {
 static ss_shadow *ss_shadow_mine(void) {
     ss_shadow *s = ss_my_shadow;
     if (s != NULL) return s;
-    uintptr_t tstate = (uintptr_t)PyThreadState_Get();
-    s = ss_shadow_find(tstate);
-    if (s == NULL) {
-        s = calloc(1, sizeof *s);
-        if (s == NULL) return NULL;
-        s->tstate = tstate;
-        pthread_mutex_lock(&ss_shadows_lock);
-        s->next = ss_shadows;
-        __atomic_store_n(&ss_shadows, s, __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&ss_shadows_lock);
-    }
+    s = (ss_shadow *)ss_records_get(&ss_shadows, (uintptr_t)PyThreadState_Get(), sizeof(ss_shadow));
+    if (s == NULL) return NULL;
+    s->stack_guard = ss_stack_guard();  /* this OS thread's (a thread state's record outlives its thread) */
     ss_my_shadow = s;
     return s;
 }
@@ -99,13 +107,19 @@ static inline void ss_shadow_set_depth(ss_shadow *s, uint32_t depth) {
     __atomic_store_n(&s->depth, depth, __ATOMIC_RELAXED);
 }
 
-static void ss_shadow_push(ss_shadow *s, uintptr_t entry) {
+static void ss_shadow_push_frame(ss_shadow *s, uintptr_t entry, uintptr_t frame) {
     ss_shadow_begin(s);
-    if (s->depth < SS_SHADOW_MAX) __atomic_store_n(&s->entries[s->depth], entry, __ATOMIC_RELAXED);
-    else ss_shadow_overflow++;
+    if (s->depth < SS_SHADOW_MAX) {
+        __atomic_store_n(&s->entries[s->depth], entry, __ATOMIC_RELAXED);
+        s->frames[s->depth] = frame;
+    } else {
+        ss_shadow_overflow++;
+    }
     ss_shadow_set_depth(s, s->depth + 1);
     ss_shadow_end(s);
 }
+
+static inline void ss_shadow_push(ss_shadow *s, uintptr_t entry) { ss_shadow_push_frame(s, entry, 0); }
 
 /* Pop `entry` and whatever is above it (found from the top); ignored when absent. */
 static void ss_shadow_pop(ss_shadow *s, uintptr_t entry) {
@@ -137,13 +151,16 @@ static void ss_shadow_pop_top(ss_shadow *s, uintptr_t entry) {
 /* Fill the stack from the live frames, outermost first, starting at `frame`
  * (borrowed; NULL: the thread's current frame). */
 static void ss_shadow_seed(ss_shadow *s, PyFrameObject *frame) {
-    uintptr_t codes[SS_SHADOW_MAX];
+    uintptr_t codes[SS_SHADOW_MAX], frames[SS_SHADOW_MAX];
     uint32_t n = 0, total = 0;
     PyFrameObject *f = frame != NULL ? frame : PyEval_GetFrame();
     Py_XINCREF(f);
     while (f != NULL) {
         PyCodeObject *code = PyFrame_GetCode(f);
-        if (n < SS_SHADOW_MAX) codes[n++] = (uintptr_t)code;  /* innermost first, for now */
+        if (n < SS_SHADOW_MAX) {  /* innermost first, for now */
+            frames[n] = ss_frame_object_addr(f);
+            codes[n++] = (uintptr_t)code;
+        }
         total++;
         Py_DECREF(code);
         PyFrameObject *back = PyFrame_GetBack(f);
@@ -152,7 +169,10 @@ static void ss_shadow_seed(ss_shadow *s, PyFrameObject *frame) {
     }
     ss_shadow_begin(s);
     /* keep the outermost SS_SHADOW_MAX: a deeper stack's innermost only count */
-    for (uint32_t i = 0; i < n; i++) __atomic_store_n(&s->entries[i], codes[n - 1 - i], __ATOMIC_RELAXED);
+    for (uint32_t i = 0; i < n; i++) {
+        __atomic_store_n(&s->entries[i], codes[n - 1 - i], __ATOMIC_RELAXED);
+        s->frames[i] = frames[n - 1 - i];
+    }
     ss_shadow_set_depth(s, total > n ? total : n);
     s->epoch = ss_shadow_epoch;
     ss_shadow_end(s);
@@ -322,13 +342,145 @@ static PyObject *ss_profile_bootstrap(PyObject *m, PyObject *args) {
 }
 #endif
 
+/* ---- the eval-frame hook ('python' mode, 3.10-3.11) ----------------------------
+ *
+ * A PEP 523 frame-evaluation function sees every Python frame begin and end (a call,
+ * a generator resumed, a throw into it) around the interpreter's own evaluation, at
+ * far less cost than a profile function, which makes 3.11 run unspecialized
+ * instructions (callgrind, the benchmark's call-heavy loop on 3.11: 1.07x the
+ * instructions with a bare hook, 2.1x with a bare C profile function). The interpreter
+ * then makes Python-to-Python calls through C, as 3.10 always did, so near the end of
+ * a thread's C stack the hook takes itself out (ss_hook_leave_for_good). Not used on
+ * 3.12, where such calls count against the C recursion limit (a recursion 750 deep
+ * raised RecursionError), nor on 3.13, whose specialized __init__ calls skip the hook
+ * (3.13.0), nor for C functions (no event), nor when another frame evaluator is
+ * installed (a debugger's, a JIT's): there sys.monitoring or the profile function keep
+ * the stacks. sampler.shadow checks, once per process, that the hook sees every kind
+ * of call before relying on it.
+ *
+ * Frames entered before the hook was installed end unseen: each entry remembers its
+ * frame, and a push first drops the entries above its caller's frame (found from the
+ * top; a caller not on the stack makes it seed again), so such a frame leaves the
+ * stack at the next call. A pop drops the entry of its own frame and those above it. */
+#if PY_VERSION_HEX < 0x030C0000
+#  define SS_EVAL_HOOK 1
+#  if PY_VERSION_HEX >= 0x030B0000
+typedef struct _PyInterpreterFrame ss_eval_frame;
+#  else
+typedef PyFrameObject ss_eval_frame;
+#  endif
+static int ss_hook_on = 0;  /* the hook is installed (under the GIL) */
+
+/* Keep the entries up to the caller's frame (the thread's innermost). */
+static void ss_hook_cut(ss_shadow *s, uintptr_t caller) {
+    uint32_t depth = s->depth;
+    if (depth > SS_SHADOW_MAX) return;  /* the innermost are not stored: cannot tell */
+    if (depth > 0 && s->frames[depth - 1] == caller) return;  /* the usual case */
+    uint32_t keep = 0;
+    if (caller != 0) {
+        for (keep = depth; keep > 0 && s->frames[keep - 1] != caller; keep--) {
+        }
+        if (keep == 0) {  /* the caller is not on the stack: read the frames again */
+            ss_shadow_seed(s, NULL);
+            return;
+        }
+    }
+    ss_shadow_begin(s);
+    ss_shadow_set_depth(s, keep);
+    ss_shadow_end(s);
+}
+
+static void ss_hook_pop(ss_shadow *s, uintptr_t frame) {
+    if (s->depth > SS_SHADOW_MAX) {
+        ss_shadow_begin(s);
+        ss_shadow_set_depth(s, s->depth - 1);
+        ss_shadow_end(s);
+        return;
+    }
+    for (uint32_t i = s->depth; i-- > 0;) {
+        if (s->frames[i] == frame) {
+            ss_shadow_begin(s);
+            ss_shadow_set_depth(s, i);
+            ss_shadow_end(s);
+            return;
+        }
+    }
+}
+
+static int ss_hook_lost = 0;  /* the hook left mid-session (C stack too deep) */
+static PyObject *ss_eval_hook(PyThreadState *ts, ss_eval_frame *frame, int throwflag);
+
+/* Calls made through the hook recurse in C (the interpreter no longer inlines them):
+ * near the end of the thread's C stack the hook takes itself out for good, and every
+ * stack is left unseeded, so the collector walks the live frames instead (the same
+ * Python frames, read without the shadow stack) rather than let a deep recursion,
+ * which runs without the hook, overflow the C stack. */
+static void ss_hook_leave_for_good(PyThreadState *ts) {
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(ts);
+    if (_PyInterpreterState_GetEvalFrameFunc(interp) == ss_eval_hook)
+        _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+    ss_hook_lost = 1;
+    __atomic_add_fetch(&ss_shadow_epoch, 1, __ATOMIC_RELEASE);
+}
+
+static PyObject *ss_eval_hook(PyThreadState *ts, ss_eval_frame *frame, int throwflag) {
+    ss_shadow *s = NULL;
+    if (ss_shadow_on && !ss_hook_lost && (s = ss_shadow_mine()) != NULL) {
+        if ((uintptr_t)__builtin_frame_address(0) < s->stack_guard) {
+            ss_hook_leave_for_good(ts);
+            return _PyEval_EvalFrameDefault(ts, frame, throwflag);
+        }
+        if (s->epoch != ss_shadow_epoch) ss_shadow_seed(s, NULL);  /* the caller's frames */
+        else ss_hook_cut(s, ss_current_frame_addr(ts));
+        ss_shadow_push_frame(s, (uintptr_t)frame->f_code, (uintptr_t)frame);
+    }
+    PyObject *result = _PyEval_EvalFrameDefault(ts, frame, throwflag);
+    if (s != NULL && ss_shadow_on && !ss_hook_lost && s->epoch == ss_shadow_epoch) ss_hook_pop(s, (uintptr_t)frame);
+    return result;
+}
+
+/* shadow_hook(on) -> whether the hook is installed now (on: only when the interpreter
+ * evaluates frames itself, no other evaluator installed). */
+static PyObject *ss_shadow_hook(PyObject *m, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    _PyFrameEvalFunction current = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (on && !ss_hook_on) {
+        if (current != _PyEval_EvalFrameDefault) Py_RETURN_FALSE;
+        _PyInterpreterState_SetEvalFrameFunc(interp, ss_eval_hook);
+        ss_hook_on = 1;
+        ss_hook_lost = 0;
+    } else if (!on && ss_hook_on) {
+        if (current == ss_eval_hook) _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+        ss_hook_on = 0;  /* replaced by another evaluator since: ours is not in use */
+    }
+    return PyBool_FromLong(ss_hook_on);
+}
+
+/* shadow_top() -> the calling thread's innermost entry (a code object's address), or
+ * None: how sampler.shadow checks the hook. */
+static PyObject *ss_shadow_top(PyObject *m, PyObject *unused) {
+    ss_shadow *s = ss_my_shadow;
+    if (s == NULL || s->epoch != ss_shadow_epoch || s->depth == 0 || s->depth > SS_SHADOW_MAX) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong((unsigned long long)s->entries[s->depth - 1]);
+}
+#  define SS_HOOK_METHODS \
+    {"shadow_hook", ss_shadow_hook, METH_O, "shadow_hook(on) -> whether the eval-frame hook is installed"}, \
+    {"shadow_top", ss_shadow_top, METH_NOARGS, "The calling thread's innermost entry, or None"},
+#else
+#  define SS_HOOK_METHODS
+#endif
+
 /* ---- module functions (under the GIL) ----------------------------------------- */
 
-/* shadow_start(c_functions, namer): a new session (every stack seeded again). */
+/* shadow_start(c_functions, namer, profile=True): a new session (every stack seeded
+ * again); before 3.12, profile: the C profile function goes into every thread state
+ * (False: the eval-frame hook keeps the stacks). */
 static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
-    int c_functions;
+    int c_functions, profile = 1;
     PyObject *namer;
-    if (!PyArg_ParseTuple(args, "pO", &c_functions, &namer)) return NULL;
+    if (!PyArg_ParseTuple(args, "pO|p", &c_functions, &namer, &profile)) return NULL;
     if (ss_c_frames == NULL) {
         ss_c_frames = PyList_New(0);
         ss_c_kept = PyList_New(0);
@@ -347,7 +499,7 @@ static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
 #if PY_VERSION_HEX < 0x030C0000
     PyThreadState *me = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); profile && ts; ts = PyThreadState_Next(ts)) {
         if (ts->c_profilefunc != NULL && ts->c_profilefunc != ss_profile) {
             PyErr_SetString(PyExc_RuntimeError,
                             "use_errortrace before Python 3.12 needs every thread's profile function, and "
@@ -361,7 +513,7 @@ static PyObject *ss_shadow_start(PyObject *m, PyObject *args) {
     ss_shadow_c = c_functions;
     ss_shadow_on = 1;
 #if PY_VERSION_HEX < 0x030C0000
-    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts; ts = PyThreadState_Next(ts)) {
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); profile && ts; ts = PyThreadState_Next(ts)) {
         if (_PyEval_SetProfile(ts, ss_profile, NULL) != 0) {
             PyErr_Clear();
         }
@@ -436,8 +588,13 @@ static PyObject *ss_shadow_c_frames(PyObject *m, PyObject *unused) {
 }
 
 static PyObject *ss_shadow_stats(PyObject *m, PyObject *unused) {
-    return Py_BuildValue("{sKsI}", "overflow", (unsigned long long)ss_shadow_overflow,
-                         "c_functions", (unsigned int)ss_c_count);
+    int hooked = 0, lost = 0;  /* the interpreter evaluates frames through ss_eval_hook now */
+#ifdef SS_EVAL_HOOK
+    hooked = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get()) == ss_eval_hook;
+    lost = ss_hook_lost;
+#endif
+    return Py_BuildValue("{sKsIsisi}", "overflow", (unsigned long long)ss_shadow_overflow,
+                         "c_functions", (unsigned int)ss_c_count, "eval_hook", hooked, "eval_hook_lost", lost);
 }
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -453,7 +610,8 @@ static PyObject *ss_shadow_stats(PyObject *m, PyObject *unused) {
 
 #define SS_SHADOW_METHODS \
     SS_SHADOW_CALLBACKS \
-    {"shadow_start", ss_shadow_start, METH_VARARGS, "shadow_start(c_functions, namer): a new session"}, \
+    SS_HOOK_METHODS \
+    {"shadow_start", ss_shadow_start, METH_VARARGS, "shadow_start(c_functions, namer, profile=True): a new session"}, \
     {"shadow_stop", ss_shadow_stop, METH_NOARGS, "End the session"}, \
     {"shadow_unseed", ss_shadow_unseed, METH_NOARGS, "Seed the calling thread's stack again at its next event"}, \
     {"shadow_stack", ss_shadow_stack, METH_O, "shadow_stack(tstate) -> entries outermost first, or None"}, \
