@@ -235,6 +235,55 @@ def release(hook: Optional[SwitchHook]) -> None:
             del _hooks[ident]
 
 
+# Threads started while a sampler follows new threads get the hook (follow_new_threads):
+# a one-shot threading profile function installs it in each, as it starts.
+_following = 0
+_previous_profile: Optional[Callable[..., Any]] = None
+_installed: list = []  # hooks the one-shot installed, released when following ends
+
+
+def _install_in_new_thread(frame: Any, event: str, arg: Any) -> Any:
+    """Run once at a new thread's first event, in that thread: install the switch
+    hook, then give the thread the profile function it would have had."""
+    previous = _previous_profile
+    sys.setprofile(previous)
+    if _following:
+        try:
+            _installed.append(attach())
+        except Exception:  # a profiler's trouble never reaches the program
+            pass
+    return previous(frame, event, arg) if previous is not None else None
+
+
+def follow_new_threads() -> None:
+    """Install the switch hook in every thread started from now on (through
+    ``threading``), until :func:`unfollow_new_threads`: greenlet hooks are per
+    thread, and only a thread can install its own."""
+    global _following, _previous_profile
+    import threading
+    _following += 1
+    if _following == 1 and threading.getprofile() is not _install_in_new_thread:
+        _previous_profile = threading.getprofile()
+        threading.setprofile(_install_in_new_thread)
+
+
+def unfollow_new_threads() -> None:
+    """One follower fewer; the last one restores ``threading``'s profile function
+    (if nobody replaced ours) and releases the hooks installed in other threads:
+    they stay there, inert, passing events on (only a thread can remove its own)."""
+    global _following
+    import threading
+    if _following <= 0:
+        return
+    _following -= 1
+    if _following:
+        return
+    if threading.getprofile() is _install_in_new_thread:
+        threading.setprofile(_previous_profile)
+    while _installed:
+        release(_installed.pop())
+
+
 def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:
     """The greenlet running in OS thread ``ident`` now (``None``: no hook there, or
     ``top``, the thread's top frame, is the hook's own: it is switching, and has not
