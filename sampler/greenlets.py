@@ -236,52 +236,83 @@ def release(hook: Optional[SwitchHook]) -> None:
 
 
 # Threads started while a sampler follows new threads get the hook (follow_new_threads):
-# a one-shot threading profile function installs it in each, as it starts.
+# Thread.start, wrapped once, makes the new thread's run install it first.
 _following = 0
-_previous_profile: Optional[Callable[..., Any]] = None
-_installed: list = []  # hooks the one-shot installed, released when following ends
+_installed: list = []  # hooks installed in new threads, not yet released
+_start_wrapped = False
 
 
-def _install_in_new_thread(frame: Any, event: str, arg: Any) -> Any:
-    """Run once at a new thread's first event, in that thread: install the switch
-    hook, then give the thread the profile function it would have had."""
-    previous = _previous_profile
-    sys.setprofile(previous)
-    if _following:
+def _run_with_hook(thread: Any, inner: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        hook = None
+        if _following:
+            try:
+                hook = attach()
+                _installed.append(hook)
+            except Exception:  # a profiler's trouble never reaches the program
+                hook = None
         try:
-            _installed.append(attach())
-        except Exception:  # a profiler's trouble never reaches the program
-            pass
-    return previous(frame, event, arg) if previous is not None else None
+            inner()
+        finally:
+            # (the thread holds this function and it holds the thread: break the cycle)
+            thread.__dict__.pop("run", None)
+            if hook is not None:
+                try:
+                    _installed.remove(hook)  # (not released by the sampler's stop yet)
+                except ValueError:
+                    pass
+                else:
+                    release(hook)  # in its own thread: removed if still its trace function
+    return run
+
+
+def _wrap_thread_start() -> None:
+    """Wrap the standard ``Thread.start`` once (gevent's Thread derives from it)."""
+    global _start_wrapped
+    if _start_wrapped:
+        return
+    _start_wrapped = True
+    base = realthreads._original("threading", "Thread")
+    original = base.start
+
+    def start(self: Any) -> None:
+        if _following:
+            self.run = _run_with_hook(self, self.run)
+        try:
+            return original(self)
+        except BaseException:
+            self.__dict__.pop("run", None)
+            raise
+
+    start.__doc__ = original.__doc__
+    start.__wrapped__ = original  # type: ignore[attr-defined]
+    base.start = start
 
 
 def follow_new_threads() -> None:
     """Install the switch hook in every thread started from now on (through
-    ``threading``), until :func:`unfollow_new_threads`: greenlet hooks are per
-    thread, and only a thread can install its own."""
-    global _following, _previous_profile
-    import threading
+    ``threading.Thread.start``), until :func:`unfollow_new_threads`: greenlet hooks
+    are per thread, and only a thread can install its own."""
+    global _following
+    if _greenlet is None:
+        return
+    _wrap_thread_start()
     _following += 1
-    if _following == 1 and threading.getprofile() is not _install_in_new_thread:
-        _previous_profile = threading.getprofile()
-        threading.setprofile(_install_in_new_thread)
 
 
 def unfollow_new_threads() -> None:
-    """One follower fewer; the last one restores ``threading``'s profile function
-    (if nobody replaced ours) and releases the hooks installed in other threads:
-    they stay there, inert, passing events on (only a thread can remove its own)."""
+    """One follower fewer; the last one releases the hooks installed in other
+    threads: they stay there, inert, passing events on, until their thread ends
+    (only a thread can remove its own)."""
     global _following
-    import threading
     if _following <= 0:
         return
     _following -= 1
-    if _following:
-        return
-    if threading.getprofile() is _install_in_new_thread:
-        threading.setprofile(_previous_profile)
-    while _installed:
-        release(_installed.pop())
+    while not _following and _installed:
+        try:
+            release(_installed.pop())
+        except IndexError:  # a thread ending released its own meanwhile
+            break
 
 
 def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:
