@@ -627,11 +627,17 @@ class Recorder:
         thread's CPU clock at the sample the events are filed before (an engine that
         read it), else the thread's clock is read here."""
         trie = self._trie
+        clocks: dict[int, Optional[int]] = {}  # each thread's clock, read once per call
         for ident, stack, generation, _end, wall_us, cpu_us in events:
             ctx = self.thread_context(ident)
             if ctx is None:
                 continue
-            limit = cpu_now_us if cpu_now_us is not None else self._cpu_now(ctx)
+            if cpu_now_us is not None:
+                limit = cpu_now_us
+            else:
+                if ident not in clocks:
+                    clocks[ident] = self._cpu_now(ctx)
+                limit = clocks[ident]
             if limit is not None:
                 cpu_us = min(cpu_us, max(0, limit - ctx.cpu_us))
             sid = 0

@@ -227,9 +227,9 @@ def test_without_the_eval_frame_hook_the_events_keep_python_frames_exact(sampler
     _no_hooks_left()
 
 
-@pytest.mark.engines("native")
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the eval-frame hook is used before 3.12 only")
-def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_engine):
+def _checked_beside_cprofile(mode, check_sampler=lambda sampler: None) -> set:
+    """Profile a call with cProfile while a ``mode`` sampler checks its shadow stack
+    against the live frames once; the names of the functions pstats saw."""
     import cProfile
     import pstats
 
@@ -239,13 +239,21 @@ def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_eng
     prof = cProfile.Profile()
     prof.enable()
     try:
-        with _mode_sampler("python") as sampler:
+        with _mode_sampler(mode) as sampler:
+            check_sampler(sampler)
             ck = Checker(sampler)
             profiled()
             ck.check()
     finally:
         prof.disable()
-    assert "profiled" in {k[2] for k in pstats.Stats(prof).stats} and ck.checked == 1
+    assert ck.checked == 1
+    return {k[2] for k in pstats.Stats(prof).stats}
+
+
+@pytest.mark.engines("native")
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the eval-frame hook is used before 3.12 only")
+def test_the_eval_frame_hook_leaves_the_profile_function_to_cprofile(sampler_engine):
+    assert "profiled" in _checked_beside_cprofile("python")
     _no_hooks_left()
 
 
@@ -329,24 +337,10 @@ def test_coexists_with_settrace(sampler_engine):
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="one profile function per thread before 3.12")
 def test_coexists_with_cprofile(sampler_engine):
-    import cProfile
-    import pstats
+    def not_the_profilers_tool(sampler) -> None:
+        assert sampler._shadow.tool != sys.monitoring.PROFILER_ID
 
-    def profiled():
-        return sum(range(1000))
-
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        with _mode_sampler(True) as sampler:
-            assert sampler._shadow.tool != sys.monitoring.PROFILER_ID
-            ck = Checker(sampler)
-            profiled()
-            ck.check()
-    finally:
-        prof.disable()
-    names = {k[2] for k in pstats.Stats(prof).stats}
-    assert "profiled" in names and ck.checked == 1
+    assert "profiled" in _checked_beside_cprofile(True, not_the_profilers_tool)
     assert sys.monitoring.get_tool(sys.monitoring.PROFILER_ID) is None
     _no_hooks_left()
 

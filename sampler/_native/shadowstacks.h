@@ -107,6 +107,13 @@ static inline void ss_shadow_set_depth(ss_shadow *s, uint32_t depth) {
     __atomic_store_n(&s->depth, depth, __ATOMIC_RELAXED);
 }
 
+/* Cut the stack to `depth` entries, as one change the collector sees whole. */
+static inline void ss_shadow_cut(ss_shadow *s, uint32_t depth) {
+    ss_shadow_begin(s);
+    ss_shadow_set_depth(s, depth);
+    ss_shadow_end(s);
+}
+
 static void ss_shadow_push_frame(ss_shadow *s, uintptr_t entry, uintptr_t frame) {
     ss_shadow_begin(s);
     if (s->depth < SS_SHADOW_MAX) {
@@ -121,31 +128,28 @@ static void ss_shadow_push_frame(ss_shadow *s, uintptr_t entry, uintptr_t frame)
 
 static inline void ss_shadow_push(ss_shadow *s, uintptr_t entry) { ss_shadow_push_frame(s, entry, 0); }
 
-/* Pop `entry` and whatever is above it (found from the top); ignored when absent. */
-static void ss_shadow_pop(ss_shadow *s, uintptr_t entry) {
+/* Pop the innermost entry whose value in `column` (s->entries: its code; s->frames:
+ * its frame) is `value`, and whatever is above it; ignored when absent. */
+static void ss_shadow_pop_where(ss_shadow *s, const uintptr_t *column, uintptr_t value) {
     if (s->depth > SS_SHADOW_MAX) {  /* the innermost were never stored */
-        ss_shadow_begin(s);
-        ss_shadow_set_depth(s, s->depth - 1);
-        ss_shadow_end(s);
+        ss_shadow_cut(s, s->depth - 1);
         return;
     }
     for (uint32_t i = s->depth; i-- > 0;) {
-        if (s->entries[i] == entry) {
-            ss_shadow_begin(s);
-            ss_shadow_set_depth(s, i);
-            ss_shadow_end(s);
+        if (column[i] == value) {
+            ss_shadow_cut(s, i);
             return;
         }
     }
 }
 
+/* Pop `entry` and whatever is above it (found from the top); ignored when absent. */
+static inline void ss_shadow_pop(ss_shadow *s, uintptr_t entry) { ss_shadow_pop_where(s, s->entries, entry); }
+
 /* Pop a C callable's entry only when it is on top (its call is the innermost). */
 static void ss_shadow_pop_top(ss_shadow *s, uintptr_t entry) {
-    if (s->depth > SS_SHADOW_MAX || (s->depth > 0 && s->entries[s->depth - 1] == entry)) {
-        ss_shadow_begin(s);
-        ss_shadow_set_depth(s, s->depth - 1);
-        ss_shadow_end(s);
-    }
+    if (s->depth > SS_SHADOW_MAX || (s->depth > 0 && s->entries[s->depth - 1] == entry))
+        ss_shadow_cut(s, s->depth - 1);
 }
 
 /* Fill the stack from the live frames, outermost first, starting at `frame`
@@ -385,26 +389,7 @@ static void ss_hook_cut(ss_shadow *s, uintptr_t caller) {
             return;
         }
     }
-    ss_shadow_begin(s);
-    ss_shadow_set_depth(s, keep);
-    ss_shadow_end(s);
-}
-
-static void ss_hook_pop(ss_shadow *s, uintptr_t frame) {
-    if (s->depth > SS_SHADOW_MAX) {
-        ss_shadow_begin(s);
-        ss_shadow_set_depth(s, s->depth - 1);
-        ss_shadow_end(s);
-        return;
-    }
-    for (uint32_t i = s->depth; i-- > 0;) {
-        if (s->frames[i] == frame) {
-            ss_shadow_begin(s);
-            ss_shadow_set_depth(s, i);
-            ss_shadow_end(s);
-            return;
-        }
-    }
+    ss_shadow_cut(s, keep);
 }
 
 static int ss_hook_lost = 0;  /* the hook left mid-session (C stack too deep) */
@@ -435,7 +420,7 @@ static PyObject *ss_eval_hook(PyThreadState *ts, ss_eval_frame *frame, int throw
         ss_shadow_push_frame(s, (uintptr_t)frame->f_code, (uintptr_t)frame);
     }
     PyObject *result = _PyEval_EvalFrameDefault(ts, frame, throwflag);
-    if (s != NULL && ss_shadow_on && !ss_hook_lost && s->epoch == ss_shadow_epoch) ss_hook_pop(s, (uintptr_t)frame);
+    if (s != NULL && ss_shadow_on && !ss_hook_lost && s->epoch == ss_shadow_epoch) ss_shadow_pop_where(s, s->frames, (uintptr_t)frame);
     return result;
 }
 
