@@ -15,10 +15,12 @@ from typing import Any, NamedTuple, Optional
 
 from .analyze import ThreadSelection, _recognise, analyze_samples
 from .model import Profile
+from sampler.snapshot import Frame, Snapshots, StackTrie
 
-__all__ = ["GreenletInfo", "greenlets_of", "analyze_by_greenlet", "greenlet_times"]
+__all__ = ["GreenletInfo", "greenlets_of", "analyze_by_greenlet", "greenlet_times", "spawn_tree"]
 
 EXTRA_KEY = "greenlets"  # sampler.recorder.GREENLETS_KEY (the analyzer imports no sampler)
+SPAWNS_KEY = "greenlet_spawns"  # sampler.recorder.GREENLET_SPAWNS_KEY
 
 
 class GreenletInfo(NamedTuple):
@@ -90,3 +92,79 @@ def greenlet_times(samples: Any, *, weight: str = "cpu", interval: Optional[str]
     the names :func:`analyze_by_greenlet` uses."""
     return {name: p.total_time for name, p in
             analyze_by_greenlet(samples, weight=weight, interval=interval).items()}
+
+
+def _spawn_frames(extra: Any, own_number: int) -> tuple:
+    """The spawning stack recorded for a context (outermost first), or ``()``."""
+    table = extra.get(SPAWNS_KEY) if isinstance(extra, dict) else None
+    rows = table.get(str(own_number)) if isinstance(table, dict) else None
+    if not isinstance(rows, list):
+        return ()
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str)
+                and isinstance(row[1], str) and isinstance(row[2], int)
+                and (row[3] is None or isinstance(row[3], int))):
+            return ()  # a hostile or damaged table: no spawn stack rather than a wrong one
+        out.append(Frame(*row))
+    return tuple(out)
+
+
+def spawn_tree(samples: Any) -> Snapshots:
+    """The snapshots with each greenlet's stacks joined under the frames that spawned
+    it: a greenlet's samples start with the stack of the greenlet that spawned it at
+    that moment (itself joined under its own spawner, and so on up to a thread's main
+    greenlet), so a server's handlers show under the accept loop that spawned them.
+
+    The spawning stack is gevent's ``spawning_stack`` (gevent keeps its innermost
+    ``Greenlet.spawning_stack_limit`` frames, 10 by default), or, for a plain
+    greenlet, the stack of its parent when it first switched to it.  A greenlet with
+    no recorded spawning stack keeps its own stacks.  Threads, times and marks are
+    unchanged; analyse the result as any snapshots
+    (``analyze_samples(spawn_tree(snaps))``)."""
+    value = _recognise(samples)
+    if isinstance(value, tuple):
+        raise ValueError("spawn_tree() needs snapshots: the raw shape has no greenlets")
+    infos = greenlets_of(value)
+    own_number: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for t in value.threads:
+        own_number[t.id] = counts.get(t.run, 0)
+        counts[t.run] = own_number[t.id] + 1
+    # each greenlet context's prefix: its spawner's prefix, then its spawning stack
+    prefixes: dict[int, tuple] = {}
+
+    def prefix(cid: int, seen: frozenset = frozenset()) -> tuple:
+        if cid in prefixes:
+            return prefixes[cid]
+        info = infos.get(cid)
+        if info is None or cid in seen:
+            return ()
+        t = value.threads[cid]
+        extra = value.runs[t.run].extra if t.run < len(value.runs) else {}
+        own = _spawn_frames(extra, own_number[cid])
+        above = prefix(info.parent, seen | {cid}) if own and info.parent is not None else ()
+        prefixes[cid] = above + own
+        return prefixes[cid]
+
+    trie = StackTrie()
+    frames = value.frames
+    joined: dict[tuple[int, int], int] = {}
+    sample_stack = []
+    for tid, sid in zip(value.sample_thread, value.sample_stack):
+        head = prefix(tid) if sid and tid in infos else ()
+        key = (tid if head else -1, sid)
+        new = joined.get(key)
+        if new is None:
+            new = trie.path_id(trie.frame_id(f) for f in head)
+            for fid in reversed(value.stack(sid)):
+                new = trie.stack_id(new, trie.frame_id(frames[fid]))
+            joined[key] = new
+        sample_stack.append(new)
+    return Snapshots(
+        frames=trie.frames, stack_frame=trie.stack_frame, stack_parent=trie.stack_parent,
+        threads=value.threads, sample_thread=value.sample_thread, sample_stack=sample_stack,
+        sample_wall=value.sample_wall, sample_cpu=value.sample_cpu,
+        sample_marks=value.sample_marks, wall_overflow=value.wall_overflow,
+        cpu_overflow=value.cpu_overflow, mark_sets=value.mark_sets,
+        custom_keys=value.custom_keys, runs=value.runs)

@@ -62,7 +62,7 @@ new_greenlet_listeners: "set[Callable[[Any], None]]" = set()
 class GreenletRecord:
     """What is known of one greenlet (never the greenlet itself: held weakly)."""
 
-    __slots__ = ("id", "name", "named", "parent", "base", "is_main", "ref")
+    __slots__ = ("id", "name", "named", "parent", "base", "is_main", "ref", "spawn")
 
     def __init__(self, g: Any) -> None:
         self.id = next(_ids)
@@ -77,6 +77,9 @@ class GreenletRecord:
         if parent is None:
             parent = getattr(g, "parent", None)
         self.parent = record_of(parent).id if parent is not None else 0
+        # Where it was spawned: (name, file, first line, line) frames, outermost
+        # first; gevent's spawning_stack, or else its first switcher's stack (the hook)
+        self.spawn: tuple = _frames(getattr(g, "spawning_stack", None), _GEVENT_SPAWN_FILES)
         self.base = 0
         key = id(g)
 
@@ -107,6 +110,26 @@ def _name_of(g: Any, is_main: bool) -> Optional[str]:
     if isinstance(gname, str) and gname:
         return f"{gname} ({func_name})" if func_name and func_name not in gname else gname
     return func_name
+
+
+SPAWN_DEPTH = 64
+"""Frames kept of the stack that spawned a greenlet (innermost ones)."""
+_GEVENT_SPAWN_FILES = ("gevent/greenlet.py", "gevent\\greenlet.py")
+
+
+def _frames(frame: Any, skip: tuple = ()) -> tuple:
+    """A frame chain (a real frame or gevent's ``_Frame``, innermost first, walked
+    in one go) as ``(name, file, first line, line)`` tuples, outermost first; the
+    innermost frames in files ending with ``skip`` (gevent's spawn itself) left out."""
+    out = []
+    while frame is not None and len(out) < SPAWN_DEPTH:
+        code = frame.f_code
+        if out or not code.co_filename.endswith(skip) or not skip:
+            out.append((getattr(code, "co_qualname", code.co_name), code.co_filename,
+                        code.co_firstlineno, frame.f_lineno))
+        frame = frame.f_back
+    out.reverse()
+    return tuple(out)
 
 
 def record_of(g: Any) -> GreenletRecord:
@@ -157,6 +180,9 @@ class SwitchHook:
                 rec = _records.get(id(target))
                 if rec is None or rec.ref() is not target:
                     rec = record_of(target)
+                    if not rec.spawn and getattr(target, "parent", None) is args[0]:
+                        # first run, started by its parent: spawned from there
+                        rec.spawn = _frames(args[0].gr_frame)
                 origin, self.current = self.current, rec
                 self.log.append((perf_counter_ns(), rec))
                 if not rec.base or not rec.named:
@@ -207,6 +233,86 @@ def release(hook: Optional[SwitchHook]) -> None:
         if h is hook and ident == realthreads.get_ident() and _greenlet.gettrace() is hook:
             _greenlet.settrace(hook.previous)
             del _hooks[ident]
+
+
+# Threads started while a sampler follows new threads get the hook (follow_new_threads):
+# Thread.start, wrapped once, makes the new thread's run install it first.
+_following = 0
+_installed: list = []  # hooks installed in new threads, not yet released
+_start_wrapped = False
+
+
+def _run_with_hook(thread: Any, inner: Callable[[], Any]) -> Callable[[], None]:
+    def run() -> None:
+        hook = None
+        if _following:
+            try:
+                hook = attach()
+                _installed.append(hook)
+            except Exception:  # a profiler's trouble never reaches the program
+                hook = None
+        try:
+            inner()
+        finally:
+            # (the thread holds this function and it holds the thread: break the cycle)
+            thread.__dict__.pop("run", None)
+            if hook is not None:
+                try:
+                    _installed.remove(hook)  # (not released by the sampler's stop yet)
+                except ValueError:
+                    pass
+                else:
+                    release(hook)  # in its own thread: removed if still its trace function
+    return run
+
+
+def _wrap_thread_start() -> None:
+    """Wrap the standard ``Thread.start`` once (gevent's Thread derives from it)."""
+    global _start_wrapped
+    if _start_wrapped:
+        return
+    _start_wrapped = True
+    base = realthreads._original("threading", "Thread")
+    original = base.start
+
+    def start(self: Any) -> None:
+        if _following:
+            self.run = _run_with_hook(self, self.run)
+        try:
+            return original(self)
+        except BaseException:
+            self.__dict__.pop("run", None)
+            raise
+
+    start.__doc__ = original.__doc__
+    start.__wrapped__ = original  # type: ignore[attr-defined]
+    base.start = start
+
+
+def follow_new_threads() -> None:
+    """Install the switch hook in every thread started from now on (through
+    ``threading.Thread.start``), until :func:`unfollow_new_threads`: greenlet hooks
+    are per thread, and only a thread can install its own."""
+    global _following
+    if _greenlet is None:
+        return
+    _wrap_thread_start()
+    _following += 1
+
+
+def unfollow_new_threads() -> None:
+    """One follower fewer; the last one releases the hooks installed in other
+    threads: they stay there, inert, passing events on, until their thread ends
+    (only a thread can remove its own)."""
+    global _following
+    if _following <= 0:
+        return
+    _following -= 1
+    while not _following and _installed:
+        try:
+            release(_installed.pop())
+        except IndexError:  # a thread ending released its own meanwhile
+            break
 
 
 def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:

@@ -45,6 +45,9 @@ _HOOK_NAMES = frozenset({"SwitchHook.__call__", "__call__"})
 _HUB_NAMES = frozenset({"Hub.run", "run"})
 _REWRITTEN = _HOOK_NAMES | _HUB_NAMES
 GREENLETS_KEY = "greenlets"
+GREENLET_SPAWNS_KEY = "greenlet_spawns"
+"""In a run's ``extra``: ``{context id: [[name, file, first line, line], ...]}``, the
+stack (outermost first) that spawned each greenlet context's greenlet, where known."""
 """In a run's ``extra``: ``{context id: [greenlet id, parent's context id, thread's
 context id]}`` for the contexts of greenlets met in tracked threads; context ids are
 thread ids of that run (before any merge)."""
@@ -143,6 +146,8 @@ class Recorder:
         self.targets_stale = False  # set when the tracker's targets must be rebuilt
         # greenlet context id -> [greenlet id, parent's context id, thread's context id]
         self.greenlets: dict[int, list[int]] = {}
+        # greenlet context id -> the frames that spawned it (GREENLET_SPAWNS_KEY)
+        self.greenlet_spawns: dict[int, list[list]] = {}
         self._greenlet_cids: dict[tuple[int, int], int] = {}  # (thread cid, greenlet id) -> cid
         # generation -> CPU and wall microseconds of the collections filed
         self.gc_cpu: dict[int, int] = {}
@@ -286,6 +291,8 @@ class Recorder:
             parent = self._greenlet_cids.get((ctx.id, rec.parent), ctx.id)
             self.greenlets[cid] = [rec.id, parent, ctx.id]
             self._greenlet_cids[(ctx.id, rec.id)] = cid
+            if rec.spawn:
+                self.greenlet_spawns[cid] = [list(f) for f in rec.spawn]
         return gctx
 
     def _rewrite(self, stack_id: int) -> tuple[int, bool]:
@@ -665,6 +672,9 @@ class Recorder:
         if self.greenlets:
             run = dataclasses.replace(run, extra={**run.extra, GREENLETS_KEY: {
                 str(cid): list(v) for cid, v in list(self.greenlets.items())}})
+        if self.greenlet_spawns:
+            run = dataclasses.replace(run, extra={**run.extra, GREENLET_SPAWNS_KEY: dict(
+                (str(cid), v) for cid, v in list(self.greenlet_spawns.items()))})
         n = len(self.sample_thread)
         wall_overflow = self.wall_overflow.copy()
         cpu_overflow = self.cpu_overflow.copy()

@@ -132,12 +132,17 @@ class Tracker:
         # Which greenlet runs at each sample, in this thread (the hook is per thread).
         self.switch_hook = (_switches.attach() if self.all_threads or self.threads or self.groups
                             else None)
+        # ... and in the threads started from now on (see greenlets.follow_new_threads)
+        if self.switch_hook is not None:
+            _switches.follow_new_threads()
 
     def release(self) -> None:
         """Give back the greenlet switch hook (when the sampler stops or tracks
         something else); idempotent."""
         hook, self.switch_hook = self.switch_hook, None
         _switches.release(hook)
+        if hook is not None:
+            _switches.unfollow_new_threads()
 
     def _learn_place(self, g: Any, current_ident: int) -> None:
         """Find where ``g`` lives now, if that can be seen from here."""

@@ -241,7 +241,9 @@ def trim_snapshots(
       ``runpy``) at the root of a stack are cut.
     * With ``outside_is_idle``, a sample that is in no entry at all (the host's own
       work around the profiled code: a notebook kernel between a magic and the
-      cell's code) is idle too.
+      cell's code) is idle too -- except in a greenlet's context: a greenlet runs
+      from its own root, never inside the entry of the code that spawned it, and the
+      host (a notebook kernel) runs none of its own in the sampled thread.
     * Other frames of the sampler's own code (a thread group's hook around
       ``Thread.start`` and ``run``, say) are spliced out: their caller is shown
       calling their callee, as it would be without the profiler.
@@ -272,6 +274,7 @@ def trim_snapshots(
         return trie.stack_id(parent, trie.frame_id(frames[old_frame], key=old_frame))
 
     final = array("I", bytes(4 * n))
+    kept = array("I", bytes(4 * n))  # final, but for outside_is_idle (greenlets)
     for s in range(1, n):
         p, f = old_sp[s], old_sf[s]
         fr = frames[f]
@@ -288,10 +291,15 @@ def trim_snapshots(
         else:
             state[s] = OUTER if st in (ROOT, OUTER) else INNER
             new_id[s] = intern(new_id[p], f)
-        final[s] = 0 if (new_id[s] == 0 or fr.filename in own
-                         or (outside_is_idle and state[s] in (ROOT, OUTER))) else new_id[s]
+        kept[s] = 0 if (new_id[s] == 0 or fr.filename in own) else new_id[s]
+        final[s] = 0 if (outside_is_idle and state[s] in (ROOT, OUTER)) else kept[s]
 
-    sample_stack = array("I", (final[s] for s in snapshots.sample_stack))
+    greenlets = {t.id for t in snapshots.threads if t.kind == "greenlet"} if outside_is_idle else ()
+    if greenlets:
+        sample_stack = array("I", ((kept if tid in greenlets else final)[s] for s, tid in
+                                   zip(snapshots.sample_stack, snapshots.sample_thread)))
+    else:
+        sample_stack = array("I", (final[s] for s in snapshots.sample_stack))
     new_frames, new_sf, new_sp, sample_stack = _compact(
         trie.frames, trie.stack_frame, trie.stack_parent, sample_stack)
     return Snapshots(

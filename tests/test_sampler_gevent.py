@@ -218,3 +218,58 @@ def test_a_greenlet_group_under_gevent_follows_spawning_greenlet():
         print("ok")
     """)
     assert proc.stdout.strip() == "ok"
+
+
+def test_spawn_tree_joins_a_servers_handlers_under_the_accept_loop_that_spawned_them():
+    proc = run_python("""
+        from gevent import monkey; monkey.patch_all()
+        import sys, threading, gevent, sampler
+        from gevent import socket
+        from gevent.server import StreamServer
+        from analyzer import analyze_samples
+        from analyzer.greenlets import spawn_tree
+        from tests.sampling_helpers import spin
+
+        def handle(sock, address):
+            for line in sock.makefile("rb"):
+                spin(0.003)
+                sock.sendall(b"ok\\n")
+
+        server = StreamServer(("127.0.0.1", 0), handle)
+        server.start()
+
+        def client():
+            sock = socket.create_connection(("127.0.0.1", server.server_port))
+            replies = sock.makefile("rb")
+            for _ in range(5):
+                sock.sendall(b"go\\n")
+                replies.readline()
+
+        ctl = sampler.create_sampler(threading.main_thread(), 0.001)
+        while True:  # until the handlers were sampled, whatever the load
+            gevent.joinall([gevent.spawn(client) for _ in range(2)])
+            snaps = ctl.get_snapshots()
+            if sum(1 for sid in snaps.sample_stack if sid and any(
+                    f.name == "handle" for f in snaps.stack_frames(sid))) >= 20:
+                break
+        ctl.stop()
+        snaps = ctl.get_snapshots()
+        tree = spawn_tree(snaps)
+        handled = [sid for sid in set(tree.sample_stack)
+                   if sid and any(f.name == "handle" for f in tree.stack_frames(sid))]
+        assert handled
+        for sid in handled:  # every handler stack starts in the hub's accept loop
+            names = [f.name for f in reversed(tree.stack_frames(sid))]
+            assert names.index("BaseServer._do_read" if sys.version_info >= (3, 11) else "_do_read") \\
+                < names.index("handle"), names
+        # without the option they start at their own greenlet's root
+        for sid in set(snaps.sample_stack):
+            names = [f.name for f in reversed(snaps.stack_frames(sid))]
+            assert "handle" not in names or "_do_read" not in " ".join(names), names
+        # the same samples, the same times
+        before, after = analyze_samples(snaps), analyze_samples(tree)
+        assert abs(before.total_time - after.total_time) < 1e-9
+        assert before.thread_times == after.thread_times
+        print("ok")
+    """)
+    assert proc.stdout.strip() == "ok"

@@ -85,7 +85,9 @@ def gvs_client(port: int, requests: int, deadline: float, out: dict) -> None:
         out["client_cpu"] = time.thread_time() - t0
 
 
-def gvs_main(rows: int, blob: bytes, requests: int) -> dict:
+def gvs_main(rows: int, blob: bytes, requests: int, per_greenlet: Any = None) -> dict:
+    """The run; ``per_greenlet``, a dict, also gets each handler greenlet's CPU in the
+    two parts, by gevent's name for it (``benchmarks/bench_greenlets.py``)."""
     import gevent
     from gevent.server import StreamServer
 
@@ -104,6 +106,9 @@ def gvs_main(rows: int, blob: bytes, requests: int) -> dict:
                 t2 = clock()
                 digest = gvs_checksum(body, blob)
                 spent["gvs_checksum"] += clock() - t2
+                if per_greenlet is not None:
+                    name = gevent.getcurrent().name
+                    per_greenlet[name] = per_greenlet.get(name, 0.0) + (t1 - t0) + (clock() - t2)
                 sock.sendall(f"{len(body)} {digest}\n".encode())
         finally:
             f.close()
