@@ -79,9 +79,16 @@ try:  # the C hook; its Python twin below when the extension is not built
     from ._native import GCHook as _GCHook
 except ImportError:
     _GCHook = None
+try:
+    from ._native import frame_address as _frame_address
+except ImportError:
+    _frame_address = None
 
 MAX_DEPTH = 128
 """Frames kept of a collection's triggering stack (the innermost ones)."""
+
+BASE_DEPTH = 4096
+"""Frames walked for the address of a triggering stack's outermost frame (deeper: 0)."""
 
 MAX_EVENTS = 100_000
 """Collections kept between two drains; further ones are dropped (and counted)."""
@@ -141,9 +148,10 @@ class GCWatch:
             return
         self._c = None
         self.max_events = max_events
-        # One tuple per collection: (ident, stack, generation, end_us, wall_us, cpu_us),
-        # the stack ((code, lasti), ...) innermost first, times in microseconds
-        # (end_us since the recorder's start).
+        # One tuple per collection: (ident, stack, generation, end_us, wall_us, cpu_us,
+        # base), the stack ((code, lasti), ...) innermost first, times in microseconds
+        # (end_us since the recorder's start), base the address of the stack's
+        # outermost frame as the engine reports it (which greenlet ran; 0: unknown).
         self.events: deque = deque()
         self._collections = 0
         self._dropped = 0
@@ -211,20 +219,23 @@ class GCWatch:
                 return
             stack = []
             f = _getframe(0).f_back  # None when no Python code triggered it (a thread's start)
-            while f is not None and len(stack) < MAX_DEPTH:
-                stack.append((f.f_code, f.f_lasti))
-                f = f.f_back
+            bottom = None
+            while f is not None and len(stack) < BASE_DEPTH:
+                if len(stack) < MAX_DEPTH:
+                    stack.append((f.f_code, f.f_lasti))
+                bottom, f = f, f.f_back
+            base = _frame_address(bottom) if bottom is not None and f is None and _frame_address else 0
             gen = min(max(info.get("generation", 0), 0), 2)
             last = self._last_wall[gen]
             cpu0 = _cpu() if last < 0 or last >= CPU_CLOCK_ABOVE_US / 1e6 else None
-            self._open = (self._ident(), tuple(stack), gen, cpu0, _perf())
+            self._open = (self._ident(), tuple(stack), gen, cpu0, _perf(), base)
             return
         opened = self._open
         self._open = None
         if opened is None:
             return
         end = _perf()
-        ident, stack, gen, cpu0, wall0 = opened
+        ident, stack, gen, cpu0, wall0, base = opened
         cpu = _cpu() if cpu0 is not None else None
         if ident != self._ident():
             return
@@ -236,7 +247,7 @@ class GCWatch:
         else:
             cpu_us = min(wall_us, CPU_CLOCK_ABOVE_US)
         self._collections += 1
-        self.events.append((ident, stack, gen, int((end - self.start) * 1e6), wall_us, cpu_us))
+        self.events.append((ident, stack, gen, int((end - self.start) * 1e6), wall_us, cpu_us, base))
 
     def take(self, until_us: Optional[int] = None) -> list:
         """Pop the events that ended before ``until_us`` (all when ``None``), oldest first."""

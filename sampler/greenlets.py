@@ -316,12 +316,23 @@ def unfollow_new_threads() -> None:
 
 
 def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optional[GreenletRecord]:
-    """The greenlet running in OS thread ``ident`` now (``None``: no hook there, or
-    ``top``, the thread's top frame, is the hook's own: it is switching, and has not
-    yet said to which greenlet)."""
+    """The greenlet running in OS thread ``ident`` now (``None``: no hook there).
+
+    ``top`` is the thread's top frame. Where it is the hook's own, the thread is
+    switching: the switch is made (the frames below the hook are the target's) but
+    the hook has not yet said so, so the greenlet is the target of the switch the
+    hook is handling, if it has a record (``None`` when the target has no frames
+    yet: its first run starts with the hook)."""
     hook = _hooks.get(ident) if ident is not None else None
-    if hook is None or not hook.users or (top is not None and top.f_code is HOOK_CODE):
+    if hook is None or not hook.users:
         return None
+    if top is not None and top.f_code is HOOK_CODE:
+        if top.f_back is None:
+            return None  # a greenlet's first switch: none of its frames yet
+        args = top.f_locals.get("args")  # (origin, target)
+        target = args[1] if isinstance(args, tuple) and len(args) == 2 else None
+        rec = _records.get(id(target)) if target is not None else None
+        return rec if rec is not None and rec.ref() is target else None
     return hook.current
 
 
@@ -346,11 +357,38 @@ def switch_log(ident: int) -> list:
     return list(hook.log) if hook is not None and hook.users else []
 
 
-def running_at(log: list, t_ns: int) -> Optional[GreenletRecord]:
+def running_at(log: list, t_ns: int, base: int = 0) -> Optional[GreenletRecord]:
     """The greenlet running at ``perf_counter_ns()`` time ``t_ns`` according to
-    ``log`` (:func:`switch_log`); ``None`` before the log's first entry."""
+    ``log`` (:func:`switch_log`); ``None`` before the log's first entry.
+
+    With ``base``, the outermost frame of the stack sampled then: where the greenlet
+    logged last does not start there but the one logged next does, the next one. The
+    hook logs a switch from inside it, after the switch, so a sample can catch the
+    new greenlet's frames (the hook's frame on top of a resumed greenlet's) just
+    before the entry that names it."""
     i = bisect_right(log, t_ns, key=lambda entry: entry[0])
-    return log[i - 1][1] if i else None
+    logged = log[i - 1][1] if i else None
+    if base and (logged is None or logged.base != base) and i < len(log) \
+            and log[i][1].base == base:
+        return log[i][1]
+    return logged
+
+
+def greenlet_at(log: list, t_ns: int, base: int) -> Optional[GreenletRecord]:
+    """The greenlet whose stack, starting at the frame at address ``base``, was seen
+    at ``perf_counter_ns()`` time ``t_ns`` in a thread whose switch log is ``log``:
+    the one the log says ran then (or was switched to just after: see
+    :func:`running_at`), if its outermost frame is ``base``; else the live one whose
+    outermost frame that is; else the log's. ``None``: not known.
+
+    The log comes first: stacks are filed after the fact, and by then a greenlet
+    that has finished may have left its frames' addresses to a new one (handlers and
+    clients of a server come and go). The address comes second: the hook logs a
+    switch just after it is made."""
+    logged = running_at(log, t_ns, base) if log else None
+    if logged is not None and logged.base == base:
+        return logged
+    return (at_base(base) if base else None) or logged
 
 
 def current_greenlet() -> Any:

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, read_cpu, thread_clock_id
-from .greenlets import at_base, running_at, switch_log
+from .greenlets import greenlet_at, switch_log
 from .collector import Steering
 from .groups import ThreadGroup, notify_started, start_listeners
 from .marks import mark_entries
@@ -558,24 +558,13 @@ class NativeCollector(Steering):
                 ctx.running = False
 
     def _greenlet_at(self, slot: _Slot, base: int, wall_us: int) -> Any:
-        """The greenlet a sample of ``slot`` showed: the one the thread's switch log
-        says ran then, if its outermost frame is the stack's; else the live one
-        whose outermost frame that is; else the log's.
-
-        The log comes first: the samples are filed after the fact, and by then a
-        greenlet that has finished may have left its frames' addresses to a new
-        one (handlers and clients of a server come and go). The base comes second:
-        the hook logs a switch just after it is made, so a sample in between shows
-        the new greenlet's frames while the log still names the old one."""
+        """The greenlet a sample of ``slot`` showed (see ``greenlet_at``)."""
         if not base:
             return None
         log = self._switch_logs.get(slot.ident)
         if log is None:
             log = self._switch_logs[slot.ident] = switch_log(slot.ident)
-        logged = running_at(log, int((wall_us + self.recorder.start * 1e6) * 1000)) if log else None
-        if logged is not None and logged.base == base:
-            return logged
-        return at_base(base) or logged
+        return greenlet_at(log, int((wall_us + self.recorder.start * 1e6) * 1000), base)
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)

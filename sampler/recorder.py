@@ -36,7 +36,7 @@ from .clocks import clock_for, read_cpu
 from .gctime import gc_frame
 from .marks import frame_marks
 from .snapshot import OVERFLOW, Frame, RunInfo, Snapshots, StackTrie, ThreadInfo
-from .greenlets import GreenletRecord, running_in
+from .greenlets import GreenletRecord, greenlet_at, running_in, switch_log
 from .tracking import Target, key_has_ended
 
 _MAX_DELTA = OVERFLOW - 1
@@ -626,7 +626,8 @@ class Recorder:
         each before the next regular sample of its thread: a sample of the stack that
         triggered it plus a ``<gc>`` frame, weighing its durations, which are taken
         out of the interval of that next sample (the context's clocks move on by
-        them).  A collection in a thread not sampled yet is not filed: its time
+        them), under the greenlet that ran into it where the thread's switches are
+        followed.  A collection in a thread not sampled yet is not filed: its time
         falls before the thread's first sample, which no sample counts.
 
         A collection's CPU time is never more than the CPU its thread used since its
@@ -635,10 +636,12 @@ class Recorder:
         read it), else the thread's clock is read here."""
         trie = self._trie
         clocks: dict[int, Optional[int]] = {}  # each thread's clock, read once per call
-        for ident, stack, generation, _end, wall_us, cpu_us in events:
+        logs: dict[int, list] = {}  # each thread's greenlet switches
+        for ident, stack, generation, end_us, wall_us, cpu_us, base in events:
             ctx = self.thread_context(ident)
             if ctx is None:
                 continue
+            last = ctx.os_last or ctx  # (where the thread's clocks are: its greenlets)
             if cpu_now_us is not None:
                 limit = cpu_now_us
             else:
@@ -646,14 +649,19 @@ class Recorder:
                     clocks[ident] = self._cpu_now(ctx)
                 limit = clocks[ident]
             if limit is not None:
-                cpu_us = min(cpu_us, max(0, limit - ctx.cpu_us))
+                cpu_us = min(cpu_us, max(0, limit - last.cpu_us))
+            if ident not in logs:
+                logs[ident] = switch_log(ident)
+            # the greenlet that ran into the collection (none runs Python during it)
+            running = greenlet_at(logs[ident], int((self.start * 1e6 + end_us - wall_us) * 1000),
+                                  base) if logs[ident] else None
             sid = 0
             for code, lasti in reversed(stack):
                 sid = self._child(sid, code, lasti)
             sid = trie.stack_id(sid, trie.frame_id(gc_frame(generation)))
             self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
             self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
-            self.append_sample(ctx, sid, ctx.wall_us + wall_us, ctx.cpu_us + cpu_us)
+            self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running)
 
     @staticmethod
     def _cpu_now(ctx: _Context) -> Optional[int]:

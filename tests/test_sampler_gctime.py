@@ -161,8 +161,14 @@ def test_hook_events_match_a_users_own_callback(native):
         watch.remove()
     events = [e for e in watch.take() if e[0] == me]
     assert len(events) == len(seen) == 25 and watch.collections >= 25 and watch.dropped == 0
-    for (ident, stack, generation, end_us, wall_us, cpu_us), (gen, t0, t1) in zip(events, seen):
+    bottom = sys._getframe()
+    while bottom.f_back is not None:
+        bottom = bottom.f_back
+    # the outermost frame's address, as the native engine reports it (which greenlet)
+    outermost = gctime._frame_address(bottom) if gctime._frame_address else 0
+    for (ident, stack, generation, end_us, wall_us, cpu_us, base), (gen, t0, t1) in zip(events, seen):
         assert ident == me == threading.get_ident() and generation == gen
+        assert base == outermost
         # ours started before the user's start and stopped between it and the user's
         # stop (2 µs: the hook's times are whole microseconds, truncated)
         t0_us, t1_us = (t0 - watch.start) * 1e6, (t1 - watch.start) * 1e6

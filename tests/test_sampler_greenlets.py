@@ -99,6 +99,110 @@ def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
     assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
 
 
+@pytest.mark.engines("native")
+def test_a_sample_caught_inside_the_switch_hook_is_filed_under_the_greenlet_switched_to():
+    """The native engine files samples after the fact and names a sample's greenlet
+    by the thread's switch log; the hook logs a switch from inside it, after the
+    switch, so a sample can catch a resumed greenlet's frames (the hook's own on top)
+    just before the entry that names it. If that greenlet has finished by the time
+    the samples are filed, its frames' address names no live greenlet: the sample
+    went to the greenlet logged before (a server's handler under the hub, seen 1
+    run in 10-15 of the spawn-tree test). Replayed at that instant, from a real log."""
+    from sampler.greenlets import record_of, switch_log
+
+    def work():
+        main.switch()  # switched out: the hook learns where its frames start
+
+    main = greenlet.getcurrent()
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    collector = ctl._collector
+    g = greenlet.greenlet(work)
+    g.switch()
+    time.sleep(0.01)  # (between the two entries: room for a sample's time)
+    g.switch()  # resumed, then finished
+    assert g.dead
+    rec = record_of(g)
+    log = switch_log(threading.get_ident())
+    resumed = max(i for i, (_, r) in enumerate(log) if r is rec)
+    assert resumed > 0 and log[resumed - 1][1] is not rec and rec.base
+    ctl.stop()
+    slot = next(s for s in collector._slots.values() if s.ident == threading.get_ident())
+    collector._switch_logs = {slot.ident: log}
+    # 1 us before the hook logged the switch to g, a stack that starts in g's frames
+    wall_us = int((log[resumed][0] - 1000) / 1000 - collector.recorder.start * 1e6)
+    assert collector._greenlet_at(slot, rec.base, wall_us) is rec
+    # and a stack of the greenlet logged before is still that one's
+    before = log[resumed - 1][1]
+    assert collector._greenlet_at(slot, before.base, wall_us) is before
+
+
+@pytest.mark.engines("python")
+def test_a_thread_caught_inside_the_switch_hook_is_running_the_greenlet_switched_to():
+    """The Python engine asks the hook which greenlet runs when it samples a thread;
+    caught inside the hook (its frame on top), the switch is made but not yet told.
+    Caught there for real: a greenlet started before the sampler is resumed, the hook
+    meets it for the first time and tells the listeners of new greenlets, from inside
+    it, before it records the switch."""
+    from sampler import greenlets as switches
+
+    def work():
+        main.switch()
+
+    main = greenlet.getcurrent()
+    g = greenlet.greenlet(work)
+    g.switch()  # started before the sampler: the hook has no record of it yet
+    seen = []
+
+    def listener(new):
+        hook_frame = sys._getframe(2)  # listener <- record_of <- the hook
+        assert hook_frame.f_code is switches.HOOK_CODE
+        hook = switches._hooks[threading.get_ident()]
+        seen.append((new, hook.current, switches.running_in(threading.get_ident(), hook_frame)))
+
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    switches.new_greenlet_listeners.add(listener)
+    try:
+        g.switch()
+    finally:
+        switches.new_greenlet_listeners.discard(listener)
+        ctl.stop()
+    new, current, running = next(x for x in seen if x[0] is g)
+    assert current is switches.record_of(main)  # not told yet
+    assert running is switches.record_of(g)
+
+
+def test_a_collection_in_a_greenlet_is_filed_under_that_greenlet():
+    """A garbage collection is filed as a sample of the stack that triggered it (the
+    gc hook's, not the sampler's) under the greenlet that ran into it: in a server,
+    under the handler, not the thread (a spawn tree would show it out of place)."""
+    import gc
+
+    main = greenlet.getcurrent()
+
+    def collecting():
+        while True:
+            gc.collect(0)  # the collection's stack is this greenlet's
+            main.switch()
+
+    g = greenlet.greenlet(collecting)
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    spin_until_sampled(ctl, 3)  # (a collection before a thread's first sample is not filed)
+    for _ in range(20):
+        g.switch()
+        spin(0.001)
+    # each is filed before its thread's next sample: let the last one come
+    spin_until_sampled(ctl, len(ctl.get_snapshots()) + 3)
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    filed = [(snaps.threads[tid], [f.name for f in snaps.stack_frames(sid)])
+             for tid, sid in zip(snaps.sample_thread, snaps.sample_stack)
+             if sid and snaps.stack_frames(sid)[0].name == "<gc>"]
+    in_g = [t for t, names in filed if any(n.endswith("collecting") for n in names)]
+    assert len(in_g) >= 20, filed
+    assert all(t.kind == "greenlet" and t.name.endswith("collecting") for t in in_g), \
+        [(t.kind, t.name) for t in in_g]
+
+
 def test_a_dead_or_never_started_greenlet_is_simply_not_sampled():
     dead = greenlet.greenlet(lambda: None)
     dead.switch()

@@ -5,8 +5,9 @@
  *
  *   start  the thread, CLOCK_MONOTONIC (vDSO: no system call), the generation, and
  *          the stack that triggered the collection (code objects, increfed, and byte
- *          offsets, innermost first, at most SS_GC_MAX_DEPTH), read from the thread
- *          state's frame chain with pyframes.h (plain reads: the GIL is held);
+ *          offsets, innermost first, at most SS_GC_MAX_DEPTH) and the address of its
+ *          outermost frame (which greenlet it was), read from the thread state's
+ *          frame chain with pyframes.h (plain reads: the GIL is held);
  *   stop   the durations, and the event is committed to a bounded ring; take()
  *          (Python, under the GIL) drains it as the tuples sampler.gctime documents.
  *
@@ -32,6 +33,7 @@
 #include <time.h>
 
 #define SS_GC_MAX_DEPTH 128   /* frames kept of a triggering stack (innermost ones) */
+#define SS_GC_BASE_DEPTH 4096 /* frames walked for its outermost one's address */
 #define SS_GC_GENERATIONS 3
 
 typedef struct {
@@ -45,6 +47,7 @@ typedef struct {
     int64_t end_ns, wall_ns, cpu_ns;
     uint64_t first;  /* index (not wrapped) of its first frame in the frame ring */
     uint32_t depth;
+    uint64_t base;   /* the outermost frame's address, as the engine reports it (0: too deep) */
 } ss_gc_event;
 
 typedef struct {
@@ -66,6 +69,7 @@ typedef struct {
     int open_gen;
     int64_t open_wall, open_cpu;  /* open_cpu < 0: CPU clock not read */
     uint32_t open_depth;
+    uint64_t open_base;
     int64_t last_wall[SS_GC_GENERATIONS];  /* -1: none yet (measure the first) */
 } GCHook;
 
@@ -77,16 +81,21 @@ static inline int64_t ss_gc_clock(clockid_t clock) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The calling thread's frames into the frame ring from fr_head (not committed). */
-static uint32_t ss_gc_read_stack(GCHook *h, PyThreadState *ts) {
+/* The calling thread's frames into the frame ring from fr_head (not committed); *base
+ * the address of its outermost frame (the engine's walk's base: it tells a greenlet's
+ * stack apart), 0 when the stack is deeper than SS_GC_BASE_DEPTH. */
+static uint32_t ss_gc_read_stack(GCHook *h, PyThreadState *ts, uint64_t *base) {
     uint32_t depth = 0;
     size_t free_slots = h->n_frames - (size_t)(h->fr_head - h->fr_tail);
     uintptr_t addr = ss_current_frame_addr(ts);
-    int guard = 0;
-    while (addr != 0 && depth < SS_GC_MAX_DEPTH && depth < free_slots && guard++ < 100000) {
+    int walked = 0;
+    *base = 0;
+    while (addr != 0 && walked++ < SS_GC_BASE_DEPTH) {
         ss_frame fr;
         ss_decode_frame((const void *)addr, addr, &fr);
+        if (!fr.skip) *base = addr;
         addr = fr.previous;
+        if (depth >= SS_GC_MAX_DEPTH || depth >= free_slots) continue;  /* kept enough */
         if (fr.skip || fr.code == 0 || fr.lasti < 0) continue;  /* shims, frames not started */
         PyObject *code = (PyObject *)fr.code;
         if (!PyCode_Check(code)) continue;  /* 3.13: frames that run no bytecode */
@@ -102,6 +111,7 @@ static uint32_t ss_gc_read_stack(GCHook *h, PyThreadState *ts) {
         slot->lasti = fr.lasti;
         depth++;
     }
+    if (addr != 0) *base = 0;  /* deeper than we walk: unknown */
     return depth;
 }
 
@@ -132,7 +142,7 @@ static void ss_gc_start(GCHook *h, PyObject *info) {
     h->open = 1;
     h->open_ts = ts;
     h->open_gen = gen;
-    h->open_depth = ss_gc_read_stack(h, ts);
+    h->open_depth = ss_gc_read_stack(h, ts, &h->open_base);
     h->open_cpu = h->last_wall[gen] < 0 || h->last_wall[gen] >= h->cpu_above_ns
         ? ss_gc_clock(CLOCK_THREAD_CPUTIME_ID) : -1;
     h->open_wall = ss_gc_clock(CLOCK_MONOTONIC);  /* last: the stack walk is the hook's */
@@ -169,6 +179,7 @@ static void ss_gc_stop(GCHook *h) {
     ev->cpu_ns = charged;
     ev->first = h->fr_head;
     ev->depth = h->open_depth;
+    ev->base = h->open_base;
     h->fr_head += h->open_depth;
     h->ev_head++;
     h->collections++;
@@ -227,7 +238,7 @@ static int GCHook_init(GCHook *h, PyObject *args, PyObject *kw) {
 }
 
 /* take(until_us=None) -> [(ident, ((code, lasti), ...), generation, end_us, wall_us,
- * cpu_us), ...]: the events that ended at or before until_us, oldest first. */
+ * cpu_us, base), ...]: the events that ended at or before until_us, oldest first. */
 static PyObject *GCHook_take(GCHook *h, PyObject *const *args, Py_ssize_t nargs) {
     int64_t until = INT64_MAX;
     if (nargs > 1) {
@@ -256,8 +267,9 @@ static PyObject *GCHook_take(GCHook *h, PyObject *const *args, Py_ssize_t nargs)
             }
             PyTuple_SET_ITEM(stack, i, pair);
         }
-        PyObject *item = Py_BuildValue("(kNiLLL)", ev->ident, stack, ev->generation, (long long)end_us,
-                                       (long long)(ev->wall_ns / 1000), (long long)(ev->cpu_ns / 1000));
+        PyObject *item = Py_BuildValue("(kNiLLLK)", ev->ident, stack, ev->generation, (long long)end_us,
+                                       (long long)(ev->wall_ns / 1000), (long long)(ev->cpu_ns / 1000),
+                                       (unsigned long long)ev->base);
         if (item == NULL || PyList_Append(out, item) != 0) {
             Py_XDECREF(item);
             goto fail;
