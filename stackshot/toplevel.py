@@ -231,10 +231,12 @@ def trim_snapshots(
       every frame outside it are cut, and so are the ``runpy``, import machinery
       and sampler frames that follow it, so the profiled code's own outermost frame
       becomes the root.
-    * A sample taken inside an *overhead* function but not inside an entry is the
-      profiler at work (starting, stopping, the command line before and after the
-      program): it becomes an idle sample (stack 0), which bounds its neighbours'
-      intervals but is charged to nobody.  By default the overhead functions are
+    * A sample taken inside an *overhead* function is the profiler at work
+      (starting, stopping, the command line before and after the program), inside
+      an entry too (a ``with profile()`` block in a notebook cell, whose entry is
+      the cell's runner: a collection as the stop joins the collector thread): it
+      becomes an idle sample (stack 0), which bounds its neighbours' intervals but
+      is charged to nobody.  By default the overhead functions are
       :class:`Profiler`'s ``__enter__`` and ``__exit__``.
     * So is a sample whose innermost frame is the sampler's own code.
     * Launcher frames (``own_files`` and ``launch_files``: the sampler's modules,
@@ -282,7 +284,7 @@ def trim_snapshots(
         outside = st in (ROOT, OUTER, OVERHEAD)
         if outside and keys[f] in entry_keys:
             state[s], new_id[s] = STRIP, 0  # cut: the profiled code starts inside
-        elif st == OVERHEAD or (outside and keys[f] in overhead_keys):
+        elif st == OVERHEAD or keys[f] in overhead_keys:
             state[s], new_id[s] = OVERHEAD, 0
         elif st in (ROOT, STRIP) and fr.filename in skip:
             state[s], new_id[s] = st, 0

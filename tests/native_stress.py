@@ -59,7 +59,11 @@ def _check(snaps: sampler.Snapshots, at_least: int = 1) -> int:
 
 def threads_churn() -> str:
     """Threads start and exit about every millisecond, tracked through a group and
-    ALL_THREADS; each lives a moment and does a little work."""
+    ALL_THREADS; each lives a moment, does a little work and waits half a
+    millisecond. (The wait is what lets the Python engine see a member at all: it
+    samples only where the GIL is let go, and a thread that computes for 150 us
+    from its start to its exit never lets it go in between: 0 samples of the group
+    in 5 s of churn, 120 s in CI.)"""
     group = sampler.ThreadGroup("churn")
     everyone = sampler.create_sampler(sampler.ALL_THREADS, DELAY)
     members = sampler.create_sampler(group, DELAY)
@@ -67,6 +71,7 @@ def threads_churn() -> str:
 
     def short() -> None:
         sum(i * i for i in range(2000))
+        time.sleep(0.0005)
 
     def start_one() -> None:
         nonlocal started

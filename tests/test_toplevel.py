@@ -15,6 +15,7 @@ import time
 import pytest
 
 from analyzer import Profile, analyze_samples
+from sampler.gctime import gc_frame
 from sampler.snapshot import Frame
 from stackshot.toplevel import (
     TEXT, Profiler, _own_files, _run_thunk, call_renderer, profile, profile_thunk,
@@ -347,19 +348,24 @@ def test_trim_cuts_outside_the_entry_and_splices_the_profilers_frames():
     enter = _frame_of(Profiler.__enter__, "Profiler.__enter__")  # names qualified or not
     hook = Frame("hook", own, 10, None)
     stdlib = Frame("WeakSet.add", "_weakrefset.py", 85, 86)
+    exit_ = _frame_of(Profiler.__exit__, "Profiler.__exit__")
+    join = _frame_of(threading.Thread.join, "Thread.join")
     caller, user, inner = Frame("caller", "u.py", 1, 2), Frame("user", "u.py", 5, 6), Frame("inner", "u.py", 9, 9)
     snaps = build_snapshots([
         ("main", 0.0, 0.0, [user, entry, caller]),          # innermost first
         ("main", 0.1, 0.1, [inner, hook, user, entry, caller]),
         ("main", 0.2, 0.2, [hook, caller]),                 # the profiler's own code
         ("main", 0.3, 0.3, [stdlib, hook, enter, caller]),  # the profiler at work
+        # ... and inside the entry (a block in a notebook cell, whose entry is the
+        # cell's runner): a collection as the stop joins the collector thread
+        ("main", 0.4, 0.4, [gc_frame(0), join, hook, exit_, user, entry, caller]),
         ("other", 0.0, 0.0, [inner, hook, user]),           # no entry: spliced only
         ("other", 0.1, 0.1, [user]),
     ])
     trimmed = trim_snapshots(snaps, [_run_thunk])
     stacks = [trimmed.stack_frames(s) for s in trimmed.sample_stack]
     assert [[f.name for f in st] for st in stacks] == [
-        ["user"], ["inner", "user"], [], [], ["inner", "user"], ["user"]]
+        ["user"], ["inner", "user"], [], [], [], ["inner", "user"], ["user"]]
     assert {f.name for f in trimmed.frames} == {"user", "inner"}
     assert trimmed.sample_count == snaps.sample_count
     assert list(trimmed.sample_cpu) == list(snaps.sample_cpu)
