@@ -1,7 +1,10 @@
 """What timing garbage collections costs (issue 13): the ``gc.callbacks`` hook of
 :mod:`sampler.gctime`, per collection.  Measured, never asserted.
 
-    python benchmarks/bench_gctime.py
+    python benchmarks/bench_gctime.py [--depth N]
+
+``--depth N`` measures from N frames deep: the hook walks the triggering stack to its
+outermost frame (whose address says which greenlet ran), up to 256 frames (deeper, it keeps the innermost 128 and no address).
 
 Collections of an empty young generation (``gc.collect(0)``) are timed with no hook,
 with a do-nothing Python callback (what any ``gc.callbacks`` hook pays: the
@@ -36,7 +39,18 @@ def _nothing(phase: str, info: dict) -> None:
     pass
 
 
+def _at_depth(n: int, fn):
+    """``fn()`` called ``n`` frames deep."""
+    return fn() if n <= 1 else _at_depth(n - 1, fn)
+
+
 def main() -> None:
+    depth = int(sys.argv[sys.argv.index("--depth") + 1]) if "--depth" in sys.argv else 0
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), depth + 100))
+    _at_depth(depth, _measure)
+
+
+def _measure() -> None:
     watches = {"Python twin": GCWatch(time.perf_counter(), native=False)}
     if native_gc_hook():
         watches["C hook"] = GCWatch(time.perf_counter(), native=True)
@@ -59,8 +73,17 @@ def main() -> None:
                 watch.remove()
                 watch.take()
     added = {name: (t - best["none"]) * 1e6 for name, t in best.items() if name != "none"}
-    print(f"Python {sys.version.split()[0]}: gc.collect(0) takes {best['none'] * 1e6:.2f} µs; added per "
+    depth = len(_stack())
+    print(f"Python {sys.version.split()[0]}, {depth} frames deep: gc.collect(0) takes {best['none'] * 1e6:.2f} µs; added per "
           f"collection: " + ", ".join(f"{name} {us:.2f} µs" for name, us in added.items()))
+
+
+def _stack() -> list:
+    frame, out = sys._getframe(), []
+    while frame is not None:
+        out.append(frame)
+        frame = frame.f_back
+    return out
 
 
 if __name__ == "__main__":

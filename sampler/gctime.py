@@ -87,7 +87,7 @@ except ImportError:
 MAX_DEPTH = 128
 """Frames kept of a collection's triggering stack (the innermost ones)."""
 
-BASE_DEPTH = 4096
+BASE_DEPTH = 256
 """Frames walked for the address of a triggering stack's outermost frame (deeper: 0)."""
 
 MAX_EVENTS = 100_000
@@ -219,11 +219,11 @@ class GCWatch:
                 return
             stack = []
             f = _getframe(0).f_back  # None when no Python code triggered it (a thread's start)
-            bottom = None
-            while f is not None and len(stack) < BASE_DEPTH:
-                if len(stack) < MAX_DEPTH:
+            bottom, walked = None, 0
+            while f is not None and walked < BASE_DEPTH:
+                if walked < MAX_DEPTH:
                     stack.append((f.f_code, f.f_lasti))
-                bottom, f = f, f.f_back
+                bottom, f, walked = f, f.f_back, walked + 1
             base = _frame_address(bottom) if bottom is not None and f is None and _frame_address else 0
             gen = min(max(info.get("generation", 0), 0), 2)
             last = self._last_wall[gen]
