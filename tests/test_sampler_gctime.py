@@ -185,6 +185,35 @@ class _Init:
             gc.collect(0)
 
 
+def _deep(n: int, fn):
+    return fn() if n <= 1 else _deep(n - 1, fn)
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_a_deep_stack_keeps_its_innermost_frames_and_no_outermost_address(native):
+    """The hook keeps the innermost MAX_DEPTH frames of a triggering stack, and walks
+    at most BASE_DEPTH for the outermost frame's address (which greenlet ran): a
+    collection costs the same however deep the program is."""
+    watch = _watch(native)
+    me = threading.get_ident()
+    watch.install()
+    try:
+        _deep(gctime.BASE_DEPTH + 50, lambda: _collect_here(1))  # deeper than it walks
+        _deep(gctime.MAX_DEPTH + 20, lambda: _collect_here(1))  # deeper than it keeps
+    finally:
+        watch.remove()
+    deeper, deep = [e for e in watch.take() if e[0] == me]
+    assert len(deeper[1]) == len(deep[1]) == gctime.MAX_DEPTH
+    assert deeper[1][0][0] is _collect_here.__code__ and deeper[1][-1][0] is _deep.__code__
+    assert deeper[6] == 0
+    here = 0
+    frame = sys._getframe()
+    while frame is not None:
+        here, frame = here + 1, frame.f_back
+    if here + gctime.MAX_DEPTH + 22 < gctime.BASE_DEPTH and gctime._frame_address:
+        assert deep[6] != 0  # its outermost frame: known
+
+
 @pytest.mark.parametrize("native", HOOKS)
 def test_a_collection_in_init_has_the_callers_stack(native):
     """3.13 calls a class's __init__ through a static shim frame (once the call is
