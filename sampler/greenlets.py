@@ -357,35 +357,49 @@ def switch_log(ident: int) -> list:
     return list(hook.log) if hook is not None and hook.users else []
 
 
-def running_at(log: list, t_ns: int, base: int = 0) -> Optional[GreenletRecord]:
+def running_at(log: list, t_ns: int, base: int = 0, since_ns: Optional[int] = None
+               ) -> Optional[GreenletRecord]:
     """The greenlet running at ``perf_counter_ns()`` time ``t_ns`` according to
     ``log`` (:func:`switch_log`); ``None`` before the log's first entry.
 
-    With ``base``, the outermost frame of the stack sampled then: where the greenlet
-    logged last does not start there but the one logged next does, the next one. The
-    hook logs a switch from inside it, after the switch, so a sample can catch the
-    new greenlet's frames (the hook's frame on top of a resumed greenlet's) just
-    before the entry that names it."""
+    With ``base``, the address of the outermost frame of a stack read by ``t_ns``
+    (and after ``since_ns``, when given), where the greenlet logged last does not
+    start there:
+
+    * the one logged next, if it does: the hook logs a switch from inside it, after
+      the switch, so a stack can show the new greenlet's frames (the hook's frame on
+      top of a resumed greenlet's) just before the entry that names it;
+    * else the latest one logged since ``since_ns`` that does: the stack was read
+      some time before ``t_ns`` (the native engine's thread can lose its core between
+      its read and its clock), and switches came in between."""
     i = bisect_right(log, t_ns, key=lambda entry: entry[0])
     logged = log[i - 1][1] if i else None
-    if base and (logged is None or logged.base != base) and i < len(log) \
-            and log[i][1].base == base:
+    if not base or (logged is not None and logged.base == base):
+        return logged
+    if i < len(log) and log[i][1].base == base:
         return log[i][1]
+    if since_ns is not None:
+        j = i - 2
+        while j >= 0 and log[j + 1][0] > since_ns:  # (entry j in force after since_ns)
+            if log[j][1].base == base:
+                return log[j][1]
+            j -= 1
     return logged
 
 
-def greenlet_at(log: list, t_ns: int, base: int) -> Optional[GreenletRecord]:
-    """The greenlet whose stack, starting at the frame at address ``base``, was seen
-    at ``perf_counter_ns()`` time ``t_ns`` in a thread whose switch log is ``log``:
-    the one the log says ran then (or was switched to just after: see
+def greenlet_at(log: list, t_ns: int, base: int, since_ns: Optional[int] = None
+                ) -> Optional[GreenletRecord]:
+    """The greenlet whose stack, starting at the frame at address ``base``, was read
+    by ``perf_counter_ns()`` time ``t_ns`` (after ``since_ns``, if given) in a thread
+    whose switch log is ``log``: the one the log says ran then (see
     :func:`running_at`), if its outermost frame is ``base``; else the live one whose
     outermost frame that is; else the log's. ``None``: not known.
 
     The log comes first: stacks are filed after the fact, and by then a greenlet
     that has finished may have left its frames' addresses to a new one (handlers and
-    clients of a server come and go). The address comes second: the hook logs a
-    switch just after it is made."""
-    logged = running_at(log, t_ns, base) if log else None
+    clients of a server come and go). The address comes second: the hook learns a
+    greenlet's outermost frame when it switches away from it the first time."""
+    logged = running_at(log, t_ns, base, since_ns) if log else None
     if logged is not None and logged.base == base:
         return logged
     return (at_base(base) if base else None) or logged

@@ -540,9 +540,10 @@ class NativeCollector(Steering):
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and
         under the tracked greenlet whose outermost frame it shows."""
         recorder = self.recorder
+        since_us = slot.last_wall_us  # (the thread's stack was read after its last sample)
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
         slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
-        running = self._greenlet_at(slot, base, wall_us)
+        running = self._greenlet_at(slot, base, wall_us, since_us)
         if slot.thread is not None:
             ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
             recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, running)
@@ -557,14 +558,17 @@ class NativeCollector(Steering):
                 recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
                 ctx.running = False
 
-    def _greenlet_at(self, slot: _Slot, base: int, wall_us: int) -> Any:
-        """The greenlet a sample of ``slot`` showed (see ``greenlet_at``)."""
+    def _greenlet_at(self, slot: _Slot, base: int, wall_us: int, since_us: int) -> Any:
+        """The greenlet a sample of ``slot`` showed, read after ``since_us`` and by
+        ``wall_us`` (see ``greenlet_at``)."""
         if not base:
             return None
         log = self._switch_logs.get(slot.ident)
         if log is None:
             log = self._switch_logs[slot.ident] = switch_log(slot.ident)
-        return greenlet_at(log, int((wall_us + self.recorder.start * 1e6) * 1000), base)
+        origin_us = self.recorder.start * 1e6
+        return greenlet_at(log, int((wall_us + origin_us) * 1000), base,
+                           int((since_us + origin_us) * 1000))
 
     def _stack_id(self, raw: bytes, flags: int) -> int:
         sid = self._keys.get(raw)

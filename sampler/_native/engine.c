@@ -434,13 +434,20 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
     if (truncated) rec->flags |= SS_TRUNCATED;
 }
 
-static void sample_target(Engine *e, ss_target *t, int64_t wall) {
+/* A sample's time is read per target, when its walk has ended, not once per tick: on
+ * a busy machine this thread can lose its core for milliseconds anywhere in a tick
+ * (seen: 6 ms between the tick's clock and a walk), and a stack must be placed no
+ * earlier than it was read: greenlets are told apart by the switches logged up to
+ * that time (sampler/greenlets.py: the greenlet that ran last by then, whose frames
+ * the stack starts with). */
+static void sample_target(Engine *e, ss_target *t) {
     int64_t cpu = 0;
     if (t->gone) return;
     if (t->has_clock && read_clock_ns(t->clock, &cpu) != 0) {
         t->gone = 1;  /* the kernel no longer knows the thread */
         return;
     }
+    int64_t wall = mono_ns();
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
@@ -463,6 +470,7 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
             if (nmarks < 0) depth = -2;
         }
     }
+    rec.wall_ns = mono_ns();
     e->walks++;
     if (depth == -2) {
         e->torn++;
@@ -501,9 +509,9 @@ static void sample_target(Engine *e, ss_target *t, int64_t wall) {
 
 static void take_pending(Engine *e);
 
-static void tick(Engine *e, int64_t now) {
+static void tick(Engine *e) {
     take_pending(e);
-    for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i], now);
+    for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i]);
     e->ticks++;
 }
 
@@ -540,7 +548,7 @@ static void *collector_main(void *arg) {
                 deadline += skipped * delay;
             }
         }
-        tick(e, now);
+        tick(e);
         deadline += delay > 0 ? delay : 0;
         if (delay <= 0) {  /* back to back: let the lock go between ticks */
             pthread_mutex_unlock(&e->lock);
