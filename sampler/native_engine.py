@@ -53,6 +53,7 @@ rarely seen twice, and remembering them would cost memory per new stack."""
 
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
 ASLEEP = _native.ASLEEP
+ONCPU = _native.ONCPU
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
 _C_ENTRY = -2  # the "instruction offset" of a C callable's entry on a shadow stack
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
@@ -499,7 +500,9 @@ class NativeCollector(Steering):
             # (Only within one greenlet, the same outermost frame: after a switch the
             # CPU went into the greenlet found now, wherever the last one ran.)
             asleep = bool(flags & ASLEEP)
-            waiting = asleep or raw in slot.slept_in
+            # (in a place it slept in but on a core: computing there, as a C call
+            # does between letting the GIL go and waiting to take it back)
+            waiting = asleep or (raw in slot.slept_in and not flags & ONCPU)
             if waiting and slot.ran is not None and slot.ran[1] == base and cpu_us > slot.last_cpu_us:
                 ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
                 self._file_sample(slot, *slot.ran, ran_until, cpu_us)

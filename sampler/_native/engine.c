@@ -35,7 +35,7 @@
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 
-enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4 };
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
@@ -481,6 +481,13 @@ static void sample_target(Engine *e, ss_target *t) {
         return;
     }
     if (t->has_last && is_asleep(t)) flags |= SS_ASLEEP;
+    /* On a core now, not just runnable: its CPU clock moved while we read it (the
+     * kernel brings a running thread's clock up to date on every read). A thread
+     * found in a place where it also waits (a C call that lets the GIL go, then
+     * waits to take it back) is computing there only if so. */
+    int64_t cpu_after;
+    if (!(flags & SS_ASLEEP) && t->has_clock && read_clock_ns(t->clock, &cpu_after) == 0 && cpu_after > cpu)
+        flags |= SS_ONCPU;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -1147,6 +1154,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "REPEAT", SS_REPEAT);
     PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
     PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
+    PyModule_AddIntConstant(m, "ONCPU", SS_ONCPU);
     PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
