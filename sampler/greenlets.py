@@ -339,8 +339,13 @@ def running_in(ident: Optional[int], top: Optional[FrameType] = None) -> Optiona
 def at_base(base: int) -> Optional[GreenletRecord]:
     """The live greenlet whose outermost frame is at address ``base``, if known
     (a greenlet that has finished no longer names its address, which new frames
-    may reuse)."""
+    may reuse). Never a thread's main greenlet: when its thread ends it still says
+    it is alive (greenlet keeps it), while its frames' memory goes to new frames
+    (a greenlet started later in another thread was taken for it, and none of its
+    samples was filed); the switch log names main greenlets."""
     rec = _by_base.get(base)
+    if rec is not None and rec.is_main:
+        return None
     if rec is not None:
         g = rec.ref()
         if g is None or getattr(g, "dead", True):

@@ -222,6 +222,30 @@ def test_a_collection_in_a_greenlet_is_filed_under_that_greenlet():
         [(t.kind, t.name) for t in in_g]
 
 
+def test_the_main_greenlet_of_an_ended_thread_names_no_frames():
+    """greenlet keeps an ended thread's main greenlet, which still says it is not
+    dead, while the memory of the thread's frames goes to new frames: the first frame
+    of a greenlet started later was taken for that main greenlet's outermost one, and
+    none of that greenlet's samples was filed (CI, 2 runs in 8)."""
+    from sampler import greenlets as switches
+
+    box = []
+
+    def body():
+        hook = switches.attach()  # (learns the thread's main greenlet's outermost frame)
+        box.append((greenlet.getcurrent(), switches.record_of(greenlet.getcurrent())))
+        switches.release(hook)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    main_of_thread, rec = box[0]
+    assert rec.base
+    # (greenlet says it is not dead until it gets round to cleaning up after the
+    # thread; either way it names no frames)
+    assert switches.at_base(rec.base) is None, main_of_thread
+
+
 def test_a_dead_or_never_started_greenlet_is_simply_not_sampled():
     dead = greenlet.greenlet(lambda: None)
     dead.switch()

@@ -49,6 +49,8 @@ def test_a_sample_never_splits_a_mark_from_its_frame():
     for i in range(len(snaps)):
         names = [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]
         marks = snaps.marks_of(i)
+        if names and names[0] == "<gc>":
+            continue  # a collection's sample carries no marks (documented)
         if (marks and "handle_fast" not in names) or (not marks and "tiny" in names):
             split.append((names[-3:], marks))
     assert split == [], f"{len(split)} of {len(snaps)} samples: {split[:3]}"
@@ -81,6 +83,9 @@ def test_each_sample_carries_the_marks_of_its_own_stack():
         marks = snaps.marks_of(i)
         assert marks == custom[i]
         names = [f.name for f in snaps.stack_frames(snaps.sample_stack[i])]
+        if names and names[0] == "<gc>":
+            assert not marks  # a collection's sample carries no marks (documented)
+            continue
         if marks:
             marked += 1
             assert len(marks) == 1
