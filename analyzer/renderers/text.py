@@ -180,19 +180,23 @@ def _header(profile: Profile, n_hidden: int, hide_self: float, hide_subs: float,
 
 def pass_through(profile: Profile, hide_self: float, hide_subs: float) -> set:
     """The nodes whose block would only repeat their neighbours': one caller (not the
-    root: a thread's entry keeps its block), one callee that gets all but ``hide_subs``
-    of its time, self time at most ``hide_self`` of the total.  None with
-    ``hide_subs`` 0, which shows every block."""
+    root: a thread's entry keeps its block), one callee, and what the callee does not
+    get of its time negligible: at most ``hide_subs`` of the node's time or at most
+    ``hide_self`` of the total (the bound of a self time the report hides anyway; a
+    wrapper's one stray self sample must not give it a block of its own in one run
+    and not in the next), and self time at most ``hide_self`` of the total.  None
+    with ``hide_subs`` 0, which shows every block."""
     if hide_subs <= 0 or not profile.total_time:
         return set()
+    negligible_self = hide_self * profile.total_time
     out = set()
     for n in profile.nodes:
         callers = n.callers
         callees = [e for e in n.callees if not e.callee.is_root]
         if (len(callers) == 1 and not callers[0].caller.is_root and callers[0].caller is not n
                 and len(callees) == 1 and callees[0].callee is not n
-                and callees[0].callee_time >= (1 - hide_subs) * n.total
-                and n.self <= hide_self * profile.total_time):
+                and n.total - callees[0].callee_time <= max(hide_subs * n.total, negligible_self)
+                and n.self <= negligible_self):
             out.add(n)
     return out
 
