@@ -361,10 +361,83 @@ def exit_while_sampling() -> str:
     return "exiting"
 
 
+def _wide_call(n: int) -> int:
+    a = b = c = d = e = f = g = h = 0  # frames of many sizes: a frame read from
+    return _mid_call(n) + a + b + c + d + e + f + g + h  # the wrong moment shows
+
+
+def _mid_call(n: int) -> int:
+    a = b = 0
+    return _deep_call(n) + a + b
+
+
+def _deep_call(n: int) -> int:
+    a = b = c = d = e = f = g = h = i = j = k = m = 0
+    return _leaf_sum(n) + a + b + c + d + e + f + g + h + i + j + k + m
+
+
+def _narrow_call(n: int) -> int:
+    return _other_call(n)
+
+
+def _other_call(n: int) -> int:
+    a = b = c = d = e = 0
+    return _leaf_sum(n) + a + b + c + d + e
+
+
+def _leaf_sum(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+CHAINS = (("_wide_call", "_mid_call", "_deep_call", "_leaf_sum"), ("_narrow_call", "_other_call", "_leaf_sum"),
+          ("is_set",))
+
+
+def two_call_chains() -> str:
+    """A thread alternates between two call chains whose frames differ in size, so
+    its stack changes under every walk: every sample must be a stack the program
+    had (one chain's prefix under the loop), never the top of one chain on the
+    other's callers or a frame with no code (a walk mixing two moments: on 3.11
+    and 3.12 under load, 1 sample in 30 before the native walk checked itself)."""
+    stop = threading.Event()
+
+    def alternate() -> None:
+        while not stop.is_set():
+            _wide_call(30)
+            _narrow_call(30)
+            _wide_call(3)
+            _narrow_call(3)
+
+    t = threading.Thread(target=alternate)
+    t.start()
+    ctl = sampler.create_sampler(t, DELAY)
+    _run_until_sampled(lambda: time.sleep(0.05), lambda: len(ctl.get_snapshots()) >= 300)
+    stop.set()
+    t.join()
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    n = _check(snaps, 300)
+    bad = []
+    for sid in snaps.sample_stack:
+        frames = snaps.stack_frames(sid)[::-1]  # outermost first
+        names = [f.name.rsplit(".", 1)[-1] for f in frames]
+        if "alternate" in names:
+            below = names[names.index("alternate") + 1:]
+            if not any(below == list(chain[:len(below)]) for chain in CHAINS):
+                bad.append(names)
+        elif any(f.filename != threading.__file__ for f in frames):  # (the thread's start and end)
+            bad.append(names)
+    assert not bad, f"{len(bad)} of {n} samples are no stack the program had: {bad[:3]}"
+    return f"{n} samples"
+
+
 SCENARIOS = {f.__name__: f for f in (
     threads_churn, deep_oscillation, generators_and_coroutines, exceptions_unwinding,
     instrumented_stacks, instrumented_python_frames, greenlet_switches, code_churn, fork_while_sampling, signals,
-    exit_while_sampling)}
+    two_call_chains, exit_while_sampling)}
 
 
 if __name__ == "__main__":

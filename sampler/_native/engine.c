@@ -94,6 +94,7 @@ typedef struct {
     uintptr_t addr;
     uint32_t fingerprint;
     uint32_t epoch;
+    int32_t framesize;  /* words on the data stack (3.11+), 0 when unknown */
 } ss_code_slot;
 
 typedef struct {
@@ -131,6 +132,7 @@ typedef struct {
     ss_reader reader;
     ss_entry *frames;
     uintptr_t *addrs;          /* the frames' own addresses, for marks */
+    int32_t *framesizes;       /* the frames' sizes on the data stack, for walk_is_one_moment */
     ss_mark *marks_copy;
     uint32_t *marks_out;
     char *chunk_copy;          /* the current data-stack chunk, copied */
@@ -147,6 +149,7 @@ typedef struct {
 /* Where the frames of one walk can be decoded from without a read each. */
 typedef struct {
     uintptr_t lo, hi;             /* the current chunk's copied range */
+    uintptr_t alloc_hi;           /* where the current chunk's memory ends */
     uintptr_t older_lo, older_hi; /* the older chunk in older_copy */
     int n_older;                  /* older chunk ranges known, -1: not looked up yet */
     uintptr_t older[SS_MAX_CHUNKS][2];
@@ -222,14 +225,19 @@ static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *wind
 
 /* The fingerprint of the code object at `code`, read once per drain epoch (a code
  * object freed and another made at its address within one epoch keeps the first
- * one's identity until the next); 0 when it is not a readable code object. */
-static uint32_t code_fingerprint(Engine *e, uintptr_t code) {
+ * one's identity until the next); 0 when it is not a readable code object. Sets
+ * *framesize (when not NULL) to the words its frames take on the data stack. */
+static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize) {
+    if (framesize) *framesize = 0;
     if (code == 0) return 0;
     size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
     ss_code_slot *slot = NULL;
     for (int probe = 0; probe < 8; probe++) {
         ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
-        if (s->epoch == e->epoch && s->addr == code) return s->fingerprint;
+        if (s->epoch == e->epoch && s->addr == code) {
+            if (framesize) *framesize = s->framesize;
+            return s->fingerprint;
+        }
         if (s->epoch != e->epoch) {
             slot = s;
             break;
@@ -237,13 +245,19 @@ static uint32_t code_fingerprint(Engine *e, uintptr_t code) {
     }
     char window[SS_CODE_FULL_WINDOW];
     uint32_t fp = 0;
+    int32_t size = 0;
     if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
-    if (fp) ensure_sent(e, code, fp, window);
+    if (fp) {
+        size = ss_code_framesize(window);
+        ensure_sent(e, code, fp, window);
+    }
     if (slot != NULL) {
         slot->addr = code;
         slot->fingerprint = fp;
+        slot->framesize = size;
         slot->epoch = e->epoch;
     }
+    if (framesize) *framesize = size;
     return fp;
 }
 
@@ -297,6 +311,66 @@ static const char *frame_bytes(Engine *e, ss_regions *r, uintptr_t addr, char *o
     return ss_read(&e->reader, own, addr, SS_FRAME_SIZE) == 0 ? own : NULL;
 }
 
+#if PY_VERSION_HEX >= 0x030B0000
+/* Which data-stack chunk holds the frame at addr: 0 the current one (copied or not:
+ * frames pushed after the view was read lie past its copy), 1 + i the older chunk
+ * i, -1 none (a generator's frame, a C-stack shim). */
+static int chunk_of(const ss_regions *r, uintptr_t addr) {
+    if (within(addr, SS_FRAME_SIZE, r->lo, r->alloc_hi)) return 0;
+    for (int i = 0; i < r->n_older; i++)
+        if (within(addr, SS_FRAME_SIZE, r->older[i][0], r->older[i][1])) return 1 + i;
+    return -1;
+}
+#endif
+
+#if PY_VERSION_HEX >= 0x030B0000
+/* Whether a frame read at an address of a data-stack chunk can be there. A shim
+ * (3.12+) lives on the C stack; a Python frame always has a caller there (a shim
+ * on 3.12+, for the thread's outermost frame too); on 3.11 only a thread's
+ * outermost frame has none, and it is pushed at the start of a chunk. Bytes read
+ * where the thread has just pushed or popped a frame can decode as either, and
+ * would end the walk early: the rest of the stack silently lost. */
+static int frame_may_be_here(const ss_regions *r, const ss_frame *f) {
+    int chunk = chunk_of(r, f->addr);
+    if (chunk < 0) return 1;
+    if (f->skip) return 0;
+    if (f->previous != 0) return 1;
+#if PY_VERSION_HEX >= 0x030C0000
+    return 0;
+#else
+    uintptr_t data = chunk == 0 ? r->lo + offsetof(_PyStackChunk, data) : r->older[chunk - 1][0];
+    return f->addr == data + sizeof(PyObject *);  /* (the root chunk skips data[0]) */
+#endif
+}
+#endif
+
+/* Whether the frames just walked are one moment of the thread's stack. The thread
+ * runs on while it is read, and the copy of a chunk is not atomic: a frame read
+ * where the thread has since returned from may be stale, and its caller's address
+ * may hold another frame by then, or the middle of one. Seen on 3.11 and 3.12 under
+ * load: a sample in 30 mixed two call chains or began at a frame with no code.
+ * What holds for frames read at one moment: each runs a live code object, and
+ * (3.11+) a frame on the data stack lies right after its caller's frame in the same
+ * chunk (it is pushed at datastack_top, which the caller's push moved by the
+ * caller's frame size; shims and generator frames live elsewhere and are not
+ * checked). Not caught: a stale frame on a caller of the very size of the one it
+ * replaced (two moments that agree in every size). */
+static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
+    for (int i = 0; i < depth; i++) {
+        if (e->frames[i].fingerprint == 0) return 0;
+#if PY_VERSION_HEX >= 0x030B0000
+        int chunk = chunk_of(r, e->addrs[i]);
+        if (chunk >= 0 && i + 1 < depth && chunk_of(r, e->addrs[i + 1]) == chunk) {
+            int32_t size = e->framesizes[i + 1];
+            if (size <= 0 || e->addrs[i] != e->addrs[i + 1] + (uintptr_t)size * sizeof(PyObject *)) return 0;
+        }
+#else
+        (void)r;
+#endif
+    }
+    return 1;
+}
+
 /* Read the stack of target t into e->frames (innermost first). Returns the depth; -1
  * when the thread state could not be read or is no longer the thread's; -2 when the
  * stack changed under the walk (the caller reads again). Sets *base to the outermost
@@ -305,7 +379,7 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
     ss_tstate_view view;
     if (ss_read_tstate(&e->reader, t->tstate, &view) != 0) return -1;
     if (view.thread_id != t->ident) return -1;
-    ss_regions r = {0, 0, 0, 0, -1};
+    ss_regions r = {0, 0, 0, 0, 0, -1};
 #if PY_VERSION_HEX >= 0x030B0000
     /* Most frames live in the current data-stack chunk, below its top: copy the
      * chunk (header and frames) in one read and decode frames from the copy. */
@@ -313,6 +387,9 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
         if (ss_read(&e->reader, e->chunk_copy, view.chunk, view.chunk_top - view.chunk) == 0) {
             r.lo = view.chunk;
             r.hi = view.chunk_top;
+            size_t size = ((_PyStackChunk *)e->chunk_copy)->size;  /* bytes, header included */
+            r.alloc_hi = size >= view.chunk_top - view.chunk && size <= ((size_t)1 << 32) ? view.chunk + size
+                                                                                         : view.chunk_top;
         }
     }
 #endif
@@ -330,6 +407,9 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
         ss_frame f;
         ss_decode_frame(bytes, addr, &f);
         if (steps == 1) top_code = f.code;
+#if PY_VERSION_HEX >= 0x030B0000
+        if (!frame_may_be_here(&r, &f)) return -2;
+#endif
         if (!f.skip) {
             if (depth < SS_MAX_DEPTH) {
                 e->frames[depth].code = f.code;
@@ -352,7 +432,9 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
         ss_decode_frame(own, view.top, &again);
         if (again.code != top_code) return -2;
     }
-    for (int i = 0; i < depth; i++) e->frames[i].fingerprint = code_fingerprint(e, (uintptr_t)e->frames[i].code);
+    for (int i = 0; i < depth; i++)
+        e->frames[i].fingerprint = code_identity(e, (uintptr_t)e->frames[i].code, &e->framesizes[i]);
+    if (!walk_is_one_moment(e, &r, depth)) return -2;
     return depth;
 }
 
@@ -427,7 +509,7 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
         } else {
             e->frames[i].code = entry;
             e->frames[i].lasti = -1;
-            e->frames[i].fingerprint = code_fingerprint(e, entry);
+            e->frames[i].fingerprint = code_identity(e, entry, NULL);
         }
     }
     rec->nframes = (uint32_t)n;
@@ -594,6 +676,7 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->spare.data);
     PyMem_RawFree(e->frames);
     PyMem_RawFree(e->addrs);
+    PyMem_RawFree(e->framesizes);
     PyMem_RawFree(e->marks_copy);
     PyMem_RawFree(e->marks_out);
     PyMem_RawFree(e->chunk_copy);
@@ -611,6 +694,7 @@ static void free_buffers(Engine *e) {
     e->active.data = e->spare.data = NULL;
     e->frames = NULL;
     e->addrs = NULL;
+    e->framesizes = NULL;
     e->marks_copy = NULL;
     e->marks_out = NULL;
     e->chunk_copy = NULL;
@@ -643,6 +727,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->spare.data = PyMem_RawMalloc((size_t)buffer_bytes);
     e->frames = PyMem_RawMalloc(sizeof(ss_entry) * SS_MAX_DEPTH);
     e->addrs = PyMem_RawMalloc(sizeof(uintptr_t) * SS_MAX_DEPTH);
+    e->framesizes = PyMem_RawMalloc(sizeof(int32_t) * SS_MAX_DEPTH);
     e->marks_copy = PyMem_RawMalloc(sizeof(ss_mark) * SS_MAX_MARKS);
     e->marks_out = PyMem_RawMalloc(sizeof(uint32_t) * SS_MAX_MARKS);
     e->chunk_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
@@ -652,8 +737,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->name_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->file_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->table_copy = PyMem_RawMalloc(SS_TABLE_MAX);
-    if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->marks_copy || !e->marks_out ||
-        !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->name_copy ||
+    if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->framesizes || !e->marks_copy ||
+        !e->marks_out || !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->name_copy ||
         !e->file_copy || !e->table_copy) {
         free_buffers(e);
         PyErr_NoMemory();

@@ -252,7 +252,29 @@ typedef struct {
     uintptr_t qualname, filename, linetable;
 } ss_code_fields;
 
-#define SS_CODE_FULL_WINDOW SS_MAX2(SS_CODE_WINDOW, SS_MAX2(SS_QUALNAME_END, \
+/* The words a frame of the code object takes on the data stack (3.11+): the
+ * interpreter moves datastack_top by this much when it pushes one. */
+#if PY_VERSION_HEX >= 0x030C0000
+#  define SS_FRAMESIZE_END (offsetof(PyCodeObject, co_framesize) + sizeof(int))
+static inline int32_t ss_code_framesize(const void *bytes) {
+    return SS_FIELD(bytes, PyCodeObject, co_framesize);
+}
+#elif PY_VERSION_HEX >= 0x030B0000
+#  define SS_FRAMESIZE_END (SS_MAX2(offsetof(PyCodeObject, co_nlocalsplus), \
+                                    offsetof(PyCodeObject, co_stacksize)) + sizeof(int))
+static inline int32_t ss_code_framesize(const void *bytes) {  /* as 3.11's _PyFrame_Push */
+    return SS_FIELD(bytes, PyCodeObject, co_nlocalsplus) + SS_FIELD(bytes, PyCodeObject, co_stacksize) +
+           (int32_t)FRAME_SPECIALS_SIZE;
+}
+#else
+#  define SS_FRAMESIZE_END 0
+static inline int32_t ss_code_framesize(const void *bytes) {
+    (void)bytes;
+    return 0;
+}
+#endif
+
+#define SS_CODE_FULL_WINDOW SS_MAX2(SS_MAX2(SS_CODE_WINDOW, SS_FRAMESIZE_END), SS_MAX2(SS_QUALNAME_END, \
     SS_MAX2(offsetof(PyCodeObject, co_linetable), SS_CO_CODE_OFFSET) + sizeof(PyObject *)))
 
 static inline int ss_code_fields_of(ss_reader *r, const void *bytes, ss_code_fields *out) {
