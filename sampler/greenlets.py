@@ -152,7 +152,11 @@ def _learn_base(rec: GreenletRecord, frame: Optional[FrameType]) -> None:
     """Learn the greenlet's outermost frame from one of its frames (and its name
     from it, for a greenlet that had none)."""
     bottom = _bottom(frame)
-    if bottom is None:
+    if bottom is None or bottom.f_code is HOOK_CODE:
+        # a hook's own frame (an inert hook left in the thread calls this one: at a
+        # first switch it is the greenlet's only frame) is neither its function nor
+        # its base (3.13: one greenlet in 5 named "SwitchHook.__call__" in a run
+        # after another sampler's)
         return
     if not rec.named:
         code = bottom.f_code
