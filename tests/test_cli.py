@@ -70,6 +70,11 @@ def assert_one_line_error(proc, *fragments):
 
 
 SPIN = SPIN_SOURCE
+SPIN_SAMPLED = (f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+                "from sampling_helpers import spin_sampled as spin\n")
+"""For a program whose ``spin`` the test needs to find in its profile: it spins its
+CPU seconds, then on until the process's samplers took a few samples (a fixed 30 ms
+of CPU got none when the 2 cores were busy with two test suites)."""
 
 
 BUSY = SPIN + """
@@ -127,7 +132,7 @@ def test_a_module_runs_as_main_with_its_argv(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     write(pkg / "__init__.py", "")
-    write(pkg / "tool.py", SPIN + """
+    write(pkg / "tool.py", SPIN_SAMPLED + """
 import sys
 spin(0.03)
 print(__name__, sys.argv[0].endswith("tool.py"), sys.argv[1:])
@@ -150,7 +155,7 @@ def test_a_package_runs_its_main_module(tmp_path):
 
 def test_code_from_the_command_line(tmp_path):
     proc = stackshot("--format", "flat", "-c",
-                     SPIN + "import sys\nspin(0.03)\nprint(sys.argv, __name__)", "a", "b",
+                     SPIN_SAMPLED + "import sys\nspin(0.03)\nprint(sys.argv, __name__)", "a", "b",
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("['-c', 'a', 'b'] __main__\n")
@@ -261,7 +266,7 @@ said.set()
 
 
 def test_ctrl_c_stops_the_program_and_still_writes_the_profile(tmp_path):
-    script = write(tmp_path / "forever.py", SPIN + """
+    script = write(tmp_path / "forever.py", SPIN_SAMPLED + """
 import sys
 def serve_forever():
     spin(0.05)
