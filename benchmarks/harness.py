@@ -73,11 +73,16 @@ MODES = {
 # -- environment -------------------------------------------------------------------------
 
 def install(venv: str) -> None:
-    """Create ``venv`` (if needed) and install the peers from requirements.txt into it."""
+    """Create ``venv`` (if needed) and install into it the peers from
+    requirements.txt and this checkout, editable: that builds the C extension in
+    the checkout, which the measured processes import first (a fresh clone has none,
+    and its native rows were skipped)."""
     if not os.path.exists(os.path.join(venv, "bin", "python")):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    subprocess.run([os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q",
-                    "-r", os.path.join(HERE, "requirements.txt")], check=True)
+    python = os.path.join(venv, "bin", "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "-r", os.path.join(HERE, "requirements.txt")],
+                   check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "-e", REPO], check=True)
 
 
 def child_env(engine: Optional[str] = None) -> dict:
