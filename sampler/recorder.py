@@ -294,8 +294,9 @@ class Recorder:
         """Name a greenlet that has no name (one already started when the hook first
         saw it: greenlet drops its ``run`` as it starts) after the outermost function
         of one of its samples -- not after the switch hook's own frame: at its first
-        switch the hook runs in it before its function starts (on 3.13, 1 run in 5
-        of the three-greenlet test named one ``SwitchHook.__call__``)."""
+        switch the hook runs in it before its function starts, and a sample taken
+        then has the hook's frame outermost (the hook itself skips it: see
+        :func:`sampler.greenlets._learn_base`)."""
         outermost = stack_id
         while self.stack_parent[outermost]:
             outermost = self.stack_parent[outermost]
