@@ -50,6 +50,8 @@ typedef struct {
     uintptr_t code;      /* the code object's address (0: not a code frame) */
     int32_t lasti;       /* byte offset of the instruction, -1 when not started */
     int skip;            /* 1: not a Python frame (a 3.12+ C-stack shim) */
+    int generator;       /* 1: a generator's or coroutine's frame (it has a caller
+                          * only while it runs: suspended, its link is cleared) */
 } ss_frame;
 
 /* What the walker needs from one thread state. */
@@ -140,6 +142,11 @@ typedef PyFrameObject ss_raw_frame_t;
 static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *out) {
     out->addr = addr;
     out->skip = 0;
+#if PY_VERSION_HEX >= 0x030B0000
+    out->generator = SS_FIELD(bytes, ss_raw_frame_t, owner) == FRAME_OWNED_BY_GENERATOR;
+#else
+    out->generator = SS_FIELD(bytes, ss_raw_frame_t, f_gen) != NULL;
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     uintptr_t instr = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, instr_ptr);
     out->previous = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, previous);
