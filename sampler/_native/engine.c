@@ -568,14 +568,22 @@ static void sample_target(Engine *e, ss_target *t) {
         e->reads_failed++;
         return;
     }
+    /* The sample's CPU time is read with its wall time, after the walk: collections
+     * that ended before that wall time are filed before the sample, within the CPU
+     * it reports (read before the walk, a collection that ended during a walk that
+     * was read again lost its CPU to that cap: GC time 23% short on 3.12 in CI). */
+    int64_t cpu_after;
+    int moved = 0;
+    if (t->has_clock && read_clock_ns(t->clock, &cpu_after) == 0) {
+        moved = cpu_after > cpu;
+        rec.cpu_ns = cpu_after;
+    }
     if (t->has_last && is_asleep(t)) flags |= SS_ASLEEP;
     /* On a core now, not just runnable: its CPU clock moved while we read it (the
      * kernel brings a running thread's clock up to date on every read). A thread
      * found in a place where it also waits (a C call that lets the GIL go, then
      * waits to take it back) is computing there only if so. */
-    int64_t cpu_after;
-    if (!(flags & SS_ASLEEP) && t->has_clock && read_clock_ns(t->clock, &cpu_after) == 0 && cpu_after > cpu)
-        flags |= SS_ONCPU;
+    if (!(flags & SS_ASLEEP) && moved) flags |= SS_ONCPU;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -597,7 +605,7 @@ static void sample_target(Engine *e, ss_target *t) {
     if (e->shadow) use_shadow(e, t, &rec);
     append_record(e, &rec, e->frames, e->marks_out);
     t->has_last = 1;
-    t->last_cpu = cpu;
+    t->last_cpu = rec.cpu_ns;
 }
 
 /* ---- the collector thread ------------------------------------------------------ */
