@@ -605,7 +605,10 @@ static void sample_target(Engine *e, ss_target *t) {
     if (e->shadow) use_shadow(e, t, &rec);
     append_record(e, &rec, e->frames, e->marks_out);
     t->has_last = 1;
-    t->last_cpu = rec.cpu_ns;
+    /* (the clock before the walk: a thread that ran while it was read may have left
+     * the stack read, and must be read again even if it has not run since; seen: a
+     * thread read as it went to sleep kept the stack before its nap for all of it) */
+    t->last_cpu = cpu;
 }
 
 /* ---- the collector thread ------------------------------------------------------ */
