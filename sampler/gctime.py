@@ -39,8 +39,10 @@ The rule:
   thread waited for a core is never charged as CPU, and the thread's total is
   never more than it used.
 
-So an unmeasured collection is off by at most :data:`CPU_CLOCK_ABOVE_US` (only when
-its thread waited for a core inside it), and the sum is exact.
+So an unmeasured collection is charged too much by at most :data:`CPU_CLOCK_ABOVE_US`
+(when its thread waited for a core inside it), and too little only when a
+generation's collections suddenly grow past it (the first that does is charged
+:data:`CPU_CLOCK_ABOVE_US`; the next is measured).
 
 Cost per collection (``python benchmarks/bench_gctime.py``, best of 7 interleaved
 runs of 5,000 ``gc.collect(0)``, two runs per Python on a loaded 2-core machine): the

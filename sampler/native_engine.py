@@ -485,8 +485,8 @@ class NativeCollector(Steering):
                 continue
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
-            if pending:
-                self._file_gc(pending, slot.ident, wall_us, cpu_us)
+            if pending and self._file_gc(pending, slot.ident, wall_us, cpu_us):
+                continue  # read during a collection: its CPU is the collection's
             if raw is None:  # the thread did not run since its last sample
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
                 continue
@@ -528,16 +528,28 @@ class NativeCollector(Steering):
                 del pending[ident]
         return pending
 
-    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> None:
+    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> bool:
         """File the collections of thread ``ident`` that ended before ``wall_us``
-        (the sample there read the thread's CPU clock at ``cpu_us``)."""
+        (the sample there read the thread's CPU clock at ``cpu_us``); whether the
+        sample was read while the thread was inside a collection.
+
+        Such a sample is not filed: its stack is the frame that happened to allocate,
+        and its CPU belongs to the collection, whose sample is filed before the first
+        one read after it ended and is charged no more CPU than the thread used since
+        the last sample filed (recorder.record_gc). Filed, a collection longer than
+        the interval lost all but its last interval's CPU to that frame (a young
+        heap's full collection: 10% of the GC time of a run, on 3.10 and 3.12)."""
         events = pending.get(ident)
-        if events and events[0][3] <= wall_us:
+        if not events:
+            return False
+        if events[0][3] <= wall_us:
             n = 0
             while n < len(events) and events[n][3] <= wall_us:
                 n += 1
             self.recorder.record_gc(events[:n], cpu_us)
             del events[:n]
+        # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
+        return bool(events) and events[0][3] - events[0][4] <= wall_us
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and

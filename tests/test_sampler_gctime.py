@@ -86,6 +86,51 @@ def test_collections_are_gc_samples_matching_the_callbacks_cpu_time(sampler_engi
     assert "; GC " in render_text(profile) and "gen0" in render_text(profile)
 
 
+def _spin(cpu_seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < cpu_seconds:
+        pass
+
+
+def test_a_collection_longer_than_many_intervals_keeps_all_its_time(sampler_engine):
+    """A full collection of a large young heap spans many sampling intervals. The
+    native engine reads the thread throughout (the collector needs no GIL), at the
+    frame that happened to call ``gc.collect``; those samples' CPU is the
+    collection's, and the collection is charged all of it (filed, they kept all
+    but the last interval's: CI, 0.278 s of GC time for 0.361 s measured)."""
+    heap = [[[], {}] for _ in range(300_000)]  # containers the collection traverses
+    measured = []
+    me = threading.get_ident()
+
+    def timing(phase, info):
+        if threading.get_ident() == me and info["generation"] == 2:
+            measured.append(time.thread_time())
+
+    sampler = create_sampler(threading.current_thread(), 0.002, gc_time=True)
+    try:
+        _spin(0.02)  # (a collection before the thread's first sample is not filed)
+        gc.callbacks.append(timing)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(timing)
+        _spin(0.02)
+    finally:
+        sampler.stop()
+    del heap
+    start, stop = measured
+    profile = analyze_samples(sampler.get_snapshots(), gc_frames="stack")
+    full = gc_times(profile).get(2, 0.0)
+    assert stop - start > 0.01, "the collection is shorter than 5 intervals: make the heap larger"
+    assert abs(full - (stop - start)) <= 0.1 * (stop - start) + 0.001, (full, stop - start)
+    # and the calling frame is not charged the collection as its own time
+    spin = next(n for n in profile.nodes if n.id == "_spin")
+    caller = next(n for n in profile.nodes
+                  if n.id == "test_a_collection_longer_than_many_intervals_keeps_all_its_time")
+    assert caller.self <= 0.1 * (stop - start) + 0.004, (caller.self, stop - start)
+    assert spin.self > 0.02
+
+
 def test_the_hook_is_installed_while_sampling_and_gone_after_stop(sampler_engine):
     assert not any(_ours(h) for h in gc.callbacks)
     with create_sampler(threading.current_thread(), 0.005, gc_time=True) as sampler:
@@ -173,7 +218,11 @@ def test_hook_events_match_a_users_own_callback(native):
         # stop (2 µs: the hook's times are whole microseconds, truncated)
         t0_us, t1_us = (t0 - watch.start) * 1e6, (t1 - watch.start) * 1e6
         assert t0_us - 2 <= end_us <= t1_us + 2 and end_us - wall_us <= t0_us + 2
-        assert 0 <= cpu_us <= max(wall_us, gctime.CPU_CLOCK_ABOVE_US) + 50  # (clocks read apart)
+        # (the two clocks are read apart, and they are two clocks: on this shared VM
+        # under load, a thread's CPU clock ran up to 2.8% ahead of the monotonic one
+        # over a 3 ms full collection, with the C hook's adjacent reads too:
+        # 16 of 1,000 exceeded its wall time by 31-91 µs)
+        assert 0 <= cpu_us <= 1.05 * max(wall_us, gctime.CPU_CLOCK_ABOVE_US) + 50
         assert stack[0][0] is _collect_here.__code__  # innermost first
         assert len(stack) >= 2 and all(isinstance(lasti, int) and lasti >= 0 for _, lasti in stack)
 

@@ -531,11 +531,14 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
 static void sample_target(Engine *e, ss_target *t) {
     int64_t cpu = 0;
     if (t->gone) return;
+    /* (the wall clock first: for a thread found not to have run, no collection can
+     * end after the CPU clock said so and before the sample's wall time, to be filed
+     * before the sample and charged none of the CPU it has used since) */
+    int64_t wall = mono_ns();
     if (t->has_clock && read_clock_ns(t->clock, &cpu) != 0) {
         t->gone = 1;  /* the kernel no longer knows the thread */
         return;
     }
-    int64_t wall = mono_ns();
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
