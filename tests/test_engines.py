@@ -129,32 +129,11 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
     was entering it). Last, one running in _crunch and one found on a core in _nap's
     place: computing there, as a C call that lets the GIL go does (hashlib: its CPU
     went to the Python work before it, 4.6% for 37%, when this was not asked)."""
-    ctl = sampler.create_sampler(threading.current_thread(), 0.001)
-    collector = ctl._collector
-    drains: list = []
-    file = collector._file
-    collector._file = lambda samples, codes: (drains.append((samples, codes)), file(samples, codes))
-    end = time.perf_counter() + 60
-    running = asleep = None
-    while (running is None or asleep is None) and time.perf_counter() < end:
-        _crunch(0.003)
-        _nap()
-        ctl.get_snapshots()  # files what the engine took so far
-        snaps = ctl.get_snapshots()
-        for samples, _ in drains:
-            for record in samples:
-                raw = record[5]
-                sid = collector._keys.get(raw) if raw is not None else None
-                if sid is None:
-                    continue
-                top = snaps.stack_frames(sid)[0].name
-                if top == "_crunch" and not record[1] & sampler.native_engine.ASLEEP:
-                    running = record
-                elif top == "_nap" and record[1] & sampler.native_engine.ASLEEP:
-                    asleep = record
-    assert running is not None and asleep is not None, "no sample in _crunch and asleep in _nap"
-    ctl.pause()
-    codes = [code for _, got in drains for code in got]
+    from sampler.native_engine import ASLEEP as asleep_flag
+    ctl, file, codes, found = _records_of(
+        lambda: (_crunch(0.003), _nap()),
+        {"_crunch": lambda flags: not flags & asleep_flag, "_nap": lambda flags: flags & asleep_flag})
+    running, asleep = found["_crunch"], found["_nap"]
     number, _, wall, cpu = running[:4]
     ms = 1_000_000
     wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
@@ -172,7 +151,45 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
         (number, running[1], wall + 22 * ms, cpu + 10 * ms) + running[4:],
         (number, sampler.native_engine.ONCPU, wall + 26 * ms, cpu + 14 * ms) + asleep[4:],
     ]
-    with collector.recorder.lock:
+    assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 10000, "_nap": 4000}
+
+
+def _records_of(work, wanted: dict):
+    """Run ``work`` under a native sampler at 1 ms until, for each function name in
+    ``wanted``, a record of the engine with that function innermost and flags that
+    ``wanted[name]`` accepts was filed. Returns the paused sampler, its filing
+    function, the code records seen, and a record per name."""
+    ctl = sampler.create_sampler(threading.current_thread(), 0.001)
+    collector = ctl._collector
+    drains: list = []
+    file = collector._file
+    collector._file = lambda samples, codes: (drains.append((samples, codes)), file(samples, codes))
+    end = time.perf_counter() + 60
+    found: dict = {}
+    while len(found) < len(wanted) and time.perf_counter() < end:
+        work()
+        ctl.get_snapshots()  # files what the engine took so far
+        filed = list(drains)  # (all in the next snapshot: a drain files under its lock)
+        snaps = ctl.get_snapshots()
+        for samples, _ in filed:
+            for record in samples:
+                raw = record[5]
+                sid = collector._keys.get(raw) if raw is not None else None
+                if sid is None:
+                    continue
+                top = snaps.stack_frames(sid)[0].name
+                if top in wanted and wanted[top](record[1]):
+                    found[top] = record
+    assert len(found) == len(wanted), f"no sample found of {set(wanted) - set(found)}"
+    ctl.pause()
+    return ctl, file, [code for _, got in drains for code in got], found
+
+
+def _charged(ctl, file, replay: list, codes: list, names: tuple) -> dict:
+    """File ``replay`` (records timed after every real one: its first has 1,000 ms
+    more CPU than any), stop, and return the CPU charged to each of ``names`` (µs)
+    by the replay's samples after its first."""
+    with ctl._collector.recorder.lock:
         file(replay, codes)
     ctl.stop()
     snaps = ctl.get_snapshots()
@@ -182,9 +199,42 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
     first = max(i for i, (_, delta) in enumerate(filed) if delta >= 900_000)
     charged: dict = {}
     for name, delta in filed[first + 1:]:
-        if name in ("_crunch", "_nap"):  # not the sample the stop itself takes
+        if name in names:  # not the sample the stop itself takes
             charged[name] = charged.get(name, 0) + delta
-    assert charged == {"_crunch": 10000, "_nap": 4000}, filed[first:]
+    return charged
+
+
+def _hand_over() -> None:
+    end = time.thread_time() + 0.001  # (a loop of its own: innermost in its samples)
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.engines("native")
+def test_cpu_of_a_thread_parked_by_the_feeders_turn_goes_to_where_it_last_ran():
+    """At each of the feeder's turns with the GIL, a thread holding it (a long C call:
+    sorted() of a large list) hands it over at its next eval-breaker check, right
+    after the call, and is found there neither asleep nor on a core: PARKED. Its CPU
+    since its last sample went into the call, not into the line after it (up to 10%
+    of 10 ms sorted() calls filed at their caller's line, under load). Replayed: a
+    sample running in _crunch, then one PARKED in _hand_over with 3 ms more CPU, then
+    one running in _hand_over; and the same without the flag, for the contrast."""
+    ctl, file, codes, found = _records_of(
+        lambda: (_crunch(0.003), _hand_over()),
+        {"_crunch": lambda flags: True, "_hand_over": lambda flags: True})
+    crunch, hand_over = found["_crunch"], found["_hand_over"]
+    number, _, wall, cpu = crunch[:4]
+    ms = 1_000_000
+    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    from sampler.native_engine import ONCPU as oncpu, PARKED as parked
+    replay = [
+        (number, oncpu, wall, cpu) + crunch[4:],
+        (number, parked, wall + 5 * ms, cpu + 3 * ms) + hand_over[4:],  # parked after 3 ms
+        (number, oncpu, wall + 7 * ms, cpu + 4 * ms) + hand_over[4:],  # 1 ms there, running
+        (number, oncpu, wall + 9 * ms, cpu + 5 * ms) + crunch[4:],
+        (number, 0, wall + 14 * ms, cpu + 8 * ms) + hand_over[4:],  # not parked: found there
+    ]
+    assert _charged(ctl, file, replay, codes, ("_crunch", "_hand_over")) == {"_crunch": 4000, "_hand_over": 4000}
 
 @pytest.mark.engines("native")
 def test_a_thread_holding_the_gil_is_seen_where_it_is():

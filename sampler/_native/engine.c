@@ -35,7 +35,7 @@
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 
-enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8 };
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
@@ -123,6 +123,8 @@ typedef struct {
     ss_target pending[64];     /* threads announced since the last tick */
     int n_pending;
     int want_marks;
+    int64_t feeder_due_ns;     /* the feeder's turn with the GIL begins (atomic;
+                                  INT64_MAX: not due) */
     /* output */
     ss_buffer active, spare;
     uint32_t epoch;
@@ -587,6 +589,13 @@ static void sample_target(Engine *e, ss_target *t) {
      * found in a place where it also waits (a C call that lets the GIL go, then
      * waits to take it back) is computing there only if so. */
     if (!(flags & SS_ASLEEP) && moved) flags |= SS_ONCPU;
+    /* Neither on a core nor asleep during the feeder's turn with the GIL (from when
+     * its wait ends, so from its request on): most likely parked by the hand-off to
+     * the feeder, at the first eval-breaker check after the request (right after a
+     * long C call that held the GIL), and preempted there, by the feeder it woke or
+     * on a busy machine. Its CPU since its last sample ran before that point. */
+    if (!(flags & (SS_ASLEEP | SS_ONCPU)) && rec.wall_ns >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED))
+        flags |= SS_PARKED;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -742,6 +751,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     }
     e->delay_ns = (int64_t)(delay * 1e9);
     e->want_marks = marks;
+    e->feeder_due_ns = INT64_MAX;
     e->active.cap = e->spare.cap = (size_t)buffer_bytes;
     e->active.data = PyMem_RawMalloc((size_t)buffer_bytes);
     e->spare.data = PyMem_RawMalloc((size_t)buffer_bytes);
@@ -831,6 +841,25 @@ static PyObject *Engine_stop(Engine *e, PyObject *unused) {
         pthread_join(e->thread, NULL);
         Py_END_ALLOW_THREADS
     }
+    Py_RETURN_NONE;
+}
+
+/* feeder_turn_in(seconds) / feeder_turn_over(): when the feeder thread's turn with
+ * the GIL begins (it asks for the GIL as its timed wait ends) and when it is over;
+ * threads found during it neither on a core nor asleep are PARKED. */
+static PyObject *Engine_feeder_turn_in(Engine *e, PyObject *arg) {
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(seconds >= 0 && seconds < 1e6)) {
+        PyErr_SetString(PyExc_ValueError, "feeder_turn_in: seconds must be in [0, 1e6)");
+        return NULL;
+    }
+    __atomic_store_n(&e->feeder_due_ns, mono_ns() + (int64_t)(seconds * 1e9), __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_feeder_turn_over(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    __atomic_store_n(&e->feeder_due_ns, INT64_MAX, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
 
@@ -1135,6 +1164,11 @@ static PyMethodDef Engine_methods[] = {
     {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Stop the collector thread and wait for it."},
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(delay, paused)"},
     {"set_shadow", (PyCFunction)Engine_set_shadow, METH_O, "set_shadow(on): sample the shadow stacks"},
+    {"feeder_turn_in", (PyCFunction)Engine_feeder_turn_in, METH_O,
+     "feeder_turn_in(seconds): the feeder's turn with the GIL begins then (threads found "
+     "neither running nor asleep from then on are PARKED)"},
+    {"feeder_turn_over", (PyCFunction)Engine_feeder_turn_over, METH_NOARGS,
+     "feeder_turn_over(): the feeder has let the GIL go"},
     {"set_targets", (PyCFunction)Engine_set_targets, METH_O,
      "set_targets([(ctx, tstate, ident, clock or None), ...]): the threads to sample."},
     {"add_target", (PyCFunction)Engine_add_target, METH_O,
@@ -1260,6 +1294,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
     PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
     PyModule_AddIntConstant(m, "ONCPU", SS_ONCPU);
+    PyModule_AddIntConstant(m, "PARKED", SS_PARKED);
     PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
