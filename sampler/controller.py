@@ -118,7 +118,12 @@ class Sampler:
 
             collector_class = NativeCollector
         leaves = flatten(to_track)
-        self._collector = collector_class(Tracker(leaves), delay, self._recorder)
+        tracker = Tracker(leaves)  # (holds the thread's greenlet switch hook)
+        try:
+            self._collector = collector_class(tracker, delay, self._recorder)
+        except BaseException:
+            tracker.release()
+            raise
         self._watch_leaves(leaves)
         self._gc_watch = GCWatch(self._start) if gc_time else None
         self._collector.gc_watch = self._gc_watch
@@ -147,6 +152,7 @@ class Sampler:
                 self._shadow.install()
             except BaseException:  # nothing of this run may stay behind
                 self._collector.stopped = True
+                self._collector.tracker.release()
                 if self._gc_watch is not None:
                     self._gc_watch.remove()
                 self._finalizer.detach()
@@ -389,6 +395,9 @@ def _stop_dropped(collector: Collector, token: int) -> None:
         collector.gc_watch.remove()
     if collector.shadow is not None:
         collector.shadow.remove()
+    # (from any thread: the last user's release makes the hook inert, and only its
+    # own thread takes it out of greenlet's trace)
+    collector.tracker.release()
     collector.wake()
     switchinterval.release(token)
 

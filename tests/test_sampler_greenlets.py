@@ -177,6 +177,8 @@ def test_a_thread_caught_inside_the_switch_hook_is_running_the_greenlet_switched
 
     main = greenlet.getcurrent()
     g = greenlet.greenlet(work)
+    left = switches._hooks.get(threading.get_ident())
+    assert left is None or not left.users, "an earlier sampler holds this thread's switch hook"
     g.switch()  # started before the sampler: the hook has no record of it yet
     seen = []
 
@@ -193,6 +195,7 @@ def test_a_thread_caught_inside_the_switch_hook_is_running_the_greenlet_switched
     finally:
         switches.new_greenlet_listeners.discard(listener)
         ctl.stop()
+    assert any(x[0] is g for x in seen), (seen, g)
     new, current, running = next(x for x in seen if x[0] is g)
     assert current is switches.record_of(main)  # not told yet
     assert running is switches.record_of(g)

@@ -158,10 +158,15 @@ def test_a_dropped_controller_stops_and_gives_the_switch_interval_back():
         ended = collector.join(30)
         ticks = collector.ticks
         spin(0.05)
+        # (the greenlet switch hook it held: inert, so a greenlet's switches are no
+        # longer recorded)
+        from sampler import greenlets
+        hook = greenlets._hooks.get(threading.get_ident())
         print("ended", ended, "ticking", collector.ticks != ticks,
-              "interval", sys.getswitchinterval() == base)
+              "interval", sys.getswitchinterval() == base,
+              "hook users", hook.users if hook is not None else 0)
     """)
-    assert out.strip() == "ended True ticking False interval True", out
+    assert out.strip() == "ended True ticking False interval True hook users 0", out
 
 
 # -- 5. code that keeps being generated ----------------------------------------------------

@@ -290,7 +290,12 @@ def test_a_recursion_deeper_than_the_c_stack_allows_runs_and_is_still_sampled(sa
 
 def _no_hooks_left():
     from sampler import engines
+    from sampler import greenlets as switches
 
+    # (a sampler that failed to start here held the thread's greenlet switch hook
+    # on for the rest of the process: every later greenlet was recorded by it)
+    hook = switches._hooks.get(threading.get_ident())
+    assert hook is None or hook.users == 0
     if engines.native_available():
         assert engines._native.shadow_stats()["eval_hook"] == 0
     if sys.version_info >= (3, 12):
