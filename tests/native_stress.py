@@ -88,8 +88,23 @@ def threads_churn() -> str:
     everyone.stop()
     members.stop()
     _check(everyone.get_snapshots())
-    _check(members.get_snapshots())
+    _check(_stacks_start_at_bootstrap(members.get_snapshots()))
     return f"{started} threads"
+
+
+def _stacks_start_at_bootstrap(snaps: sampler.Snapshots) -> sampler.Snapshots:
+    """Every stack of a thread started by ``threading`` has ``Thread._bootstrap``
+    outermost. A walk that read a frame as its thread ended followed dead frames
+    through a free list, the stack of an ended thread in reverse (CI, 3.10:
+    ['release', 'run', 'run_and_announce', 'run', 'serve', 'handle', ...])."""
+    bad = []
+    for sid in set(snaps.sample_stack):
+        frames = snaps.stack_frames(sid) if sid else ()
+        names = [f.name.rpartition(".")[2] for f in frames]
+        if names and names[0] != "<gc>" and names[-1] != "_bootstrap":
+            bad.append(names)
+    assert not bad, f"{len(bad)} stacks not started at _bootstrap: {bad[:3]}"
+    return snaps
 
 
 def deep_oscillation() -> str:

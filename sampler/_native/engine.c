@@ -411,6 +411,23 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
         if (steps == 1) top_code = f.code;
 #if PY_VERSION_HEX >= 0x030B0000
         if (!frame_may_be_here(&r, &f)) return -2;
+#else
+        /* A caller is executing (a call is under way in it). A frame that ended was
+         * freed under the walk: its f_back leads through the free list, a stack of
+         * dead frames in reverse (CI, 3.10: ['release', 'run', 'run_and_announce',
+         * 'run', 'serve', 'handle', ...] as threads ended), or nowhere (an ended
+         * generator's frame, alone: ['<genexpr>'] in 5 runs of 5 of the
+         * threads_churn stress scenario before this check). */
+        if (steps > 1 && f.state != FRAME_EXECUTING) return -2;
+        if (steps == 1 && f.state > FRAME_EXECUTING && f.state != FRAME_UNWINDING) {
+            /* The top has ended: the thread is on its way back to the caller, or
+             * has gone on from there since the thread state was read (then a mark
+             * left there was already gone: 'tiny' without its mark, 1 sample in
+             * 3,000). The sample is the caller's, which must be executing. */
+            if (f.previous == 0) return -2;
+            addr = f.previous;
+            continue;
+        }
 #endif
         /* A generator's frame links to its caller only while it runs: one without a
          * caller was suspended after its callee's link to it was read, and the walk

@@ -52,6 +52,9 @@ typedef struct {
     int skip;            /* 1: not a Python frame (a 3.12+ C-stack shim) */
     int generator;       /* 1: a generator's or coroutine's frame (it has a caller
                           * only while it runs: suspended, its link is cleared) */
+    int state;           /* 3.10: the frame object's f_state (FRAME_EXECUTING for
+                          * every caller; a returned frame in a free list or kept
+                          * for reuse keeps its last); 0 (executing) on 3.11+ */
 } ss_frame;
 
 /* What the walker needs from one thread state. */
@@ -135,13 +138,14 @@ typedef _PyInterpreterFrame ss_raw_frame_t;
 #  define SS_FRAME_SIZE offsetof(_PyInterpreterFrame, localsplus)
 #else
 typedef PyFrameObject ss_raw_frame_t;
-#  define SS_FRAME_SIZE (offsetof(PyFrameObject, f_lasti) + sizeof(int))
+#  define SS_FRAME_SIZE (offsetof(PyFrameObject, f_state) + sizeof(PyFrameState))
 #endif
 
 /* Decode SS_FRAME_SIZE bytes copied from address addr. */
 static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *out) {
     out->addr = addr;
     out->skip = 0;
+    out->state = 0;
 #if PY_VERSION_HEX >= 0x030B0000
     out->generator = SS_FIELD(bytes, ss_raw_frame_t, owner) == FRAME_OWNED_BY_GENERATOR;
 #else
@@ -164,6 +168,7 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
     out->previous = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_back);
     out->code = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_code);
     out->lasti = lasti < 0 ? -1 : lasti * 2;
+    out->state = SS_FIELD(bytes, ss_raw_frame_t, f_state);
 #endif
 #if PY_VERSION_HEX >= 0x030B0000
     out->lasti = out->code && instr
