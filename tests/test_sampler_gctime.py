@@ -17,6 +17,8 @@ from sampler import create_sampler
 from sampler import gctime
 from sampler.gctime import GCWatch
 
+from run_helpers import spin
+
 
 class _Cell:
     def __init__(self) -> None:
@@ -98,12 +100,6 @@ def test_collections_are_gc_samples_matching_the_callbacks_cpu_time(sampler_engi
     assert "; GC " in render_text(profile) and "gen0" in render_text(profile)
 
 
-def _spin(cpu_seconds: float) -> None:
-    start = time.thread_time()
-    while time.thread_time() - start < cpu_seconds:
-        pass
-
-
 def test_a_collection_longer_than_many_intervals_keeps_all_its_time(sampler_engine):
     """A full collection of a large young heap spans many sampling intervals. The
     native engine reads the thread throughout (the collector needs no GIL), at the
@@ -120,13 +116,13 @@ def test_a_collection_longer_than_many_intervals_keeps_all_its_time(sampler_engi
 
     sampler = create_sampler(threading.current_thread(), 0.002, gc_time=True)
     try:
-        _spin(0.02)  # (a collection before the thread's first sample is not filed)
+        spin(0.02)  # (a collection before the thread's first sample is not filed)
         gc.callbacks.append(timing)
         try:
             gc.collect()
         finally:
             gc.callbacks.remove(timing)
-        _spin(0.02)
+        spin(0.02)
     finally:
         sampler.stop()
     del heap
@@ -136,11 +132,11 @@ def test_a_collection_longer_than_many_intervals_keeps_all_its_time(sampler_engi
     assert stop - start > 0.01, "the collection is shorter than 5 intervals: make the heap larger"
     assert abs(full - (stop - start)) <= 0.1 * (stop - start) + 0.001, (full, stop - start)
     # and the calling frame is not charged the collection as its own time
-    spin = next(n for n in profile.nodes if n.id == "_spin")
+    spinning = next(n for n in profile.nodes if n.id == "spin")
     caller = next(n for n in profile.nodes
                   if n.id == "test_a_collection_longer_than_many_intervals_keeps_all_its_time")
     assert caller.self <= 0.1 * (stop - start) + 0.004, (caller.self, stop - start)
-    assert spin.self > 0.02
+    assert spinning.self > 0.02
 
 
 def test_the_hook_is_installed_while_sampling_and_gone_after_stop(sampler_engine):
