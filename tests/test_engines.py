@@ -16,6 +16,8 @@ import sampler
 from analyzer import analyze_samples
 from sampler import engines
 
+from run_helpers import spin
+
 EXPECT_NO_NATIVE = os.environ.get("STACKSHOT_EXPECT_NO_NATIVE") == "1"
 
 
@@ -235,6 +237,106 @@ def test_cpu_of_a_thread_parked_by_the_feeders_turn_goes_to_where_it_last_ran():
         (number, 0, wall + 14 * ms, cpu + 8 * ms) + hand_over[4:],  # not parked: found there
     ]
     assert _charged(ctl, file, replay, codes, ("_crunch", "_hand_over")) == {"_crunch": 4000, "_hand_over": 4000}
+
+@pytest.mark.engines("native")
+def test_the_collector_sees_which_thread_holds_the_gil():
+    """The hand-off rule asks, without the GIL, whether a thread holds it: a thread
+    running Python is seen holding it; one blocked in a lock, and the asking thread
+    while it waits, are not."""
+    from sampler import _native
+    go, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        go.wait()
+        while not done.is_set():
+            spin(0.01)
+
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        tstate = _native.thread_states()[t.ident][0]
+        assert not _native.gil_held_by(tstate, 0.05)  # blocked in go.wait()
+        assert not _native.gil_held_by(_native.current_thread_state(), 0.05)
+        go.set()
+        assert _native.gil_held_by(tstate, 10.0)  # running Python
+    finally:
+        go.set()
+        done.set()
+        t.join()
+
+
+def _long_match():
+    """A regular expression and a text it takes ~0.3 s of CPU to fail to match, all
+    of it holding the GIL (catastrophic backtracking: the time doubles with each
+    character)."""
+    import re
+    pat = re.compile(r"(x+x+)+y")
+    for length in range(12, 40):
+        t0 = time.thread_time()
+        pat.match("x" * length)
+        if time.thread_time() - t0 >= 0.04:
+            return pat, "x" * (length + 3)
+    pytest.fail("no regex match long enough")
+
+
+def _in_long_match(pat, text) -> None:
+    pat.match(text)  # (the line in every sample of the match: its C frame is not walked)
+
+
+@pytest.mark.engines("native")
+def test_a_thread_preempted_inside_a_call_that_holds_the_gil_is_not_parked():
+    """A long C call that holds the GIL spans the feeder's turns with it (the feeder
+    asks and waits until the call ends). The thread is found there off its core
+    whenever the machine preempts it: made sure here by a busy process sharing its
+    one core. It still holds the GIL, so it is computing where it is, not parked by
+    the hand-off: no such sample may carry PARKED, whose CPU would go to where the
+    thread last ran (3.11, 3 busy processes on 2 cores: 2-7% of a regex match's time
+    went to the lines around it)."""
+    from sampler.native_engine import ASLEEP as asleep, ONCPU as oncpu, PARKED as parked
+    pat, text = _long_match()
+    core = min(os.sched_getaffinity(0))
+    hog = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    go = threading.Event()
+    matches = []  # the thread's CPU clock (ns) around each match
+
+    def work() -> None:
+        os.sched_setaffinity(0, {core})  # this thread only
+        go.wait()
+        for _ in range(3):
+            before = time.thread_time_ns()
+            _in_long_match(pat, text)
+            matches.append((before, time.thread_time_ns()))
+
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        ctl = sampler.create_sampler(t, 0.001)
+        collector = ctl._collector
+        drained: list = []
+        file = collector._file
+        collector._file = lambda samples, codes: (drained.extend(samples), file(samples, codes))
+        go.set()
+        t.join()
+        ctl.stop()
+    finally:
+        go.set()
+        hog.kill()
+        hog.wait()
+        t.join()
+    snaps = ctl.get_snapshots()
+    # Samples read inside a match, by the thread's CPU clock: not those after its
+    # end, where the thread, found at the same line, may be parked for real, having
+    # handed the GIL over at the eval-breaker check that follows the call.
+    in_match = []
+    for _, flags, _, cpu, _, raw, _ in drained:
+        sid = collector._keys.get(raw) if raw is not None else None
+        inside = any(before <= cpu <= end - 200_000 for before, end in matches)
+        if inside and sid is not None and snaps.stack_frames(sid)[0].name.endswith("_in_long_match"):
+            in_match.append(flags)
+    off_core = [flags for flags in in_match if not flags & (oncpu | asleep)]
+    assert len(in_match) >= 20 and len(off_core) >= 3, (len(in_match), len(off_core))
+    assert not [flags for flags in in_match if flags & parked], in_match
+
 
 @pytest.mark.engines("native")
 def test_a_thread_holding_the_gil_is_seen_where_it_is():

@@ -19,6 +19,7 @@
 #include "markstacks.h"
 #include "shadowstacks.h"
 #include "gchook.h"
+#include "gilholder.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -80,6 +81,8 @@ typedef struct {
     int has_last;      /* a sample was taken: an unchanged CPU clock repeats it */
     int gone;          /* the thread has exited (clock or thread state says so) */
     int64_t last_cpu;
+    int held_gil;      /* it held the GIL at its last sample (unchanged while it does not run) */
+    int handed_over;   /* held the GIL in a feeder's turn, not seen holding it again since */
     long tid;          /* the kernel's thread id, 0 when unknown */
     int stat_fd;       /* /proc/self/task/<tid>/stat, opened when first needed; -1 */
 } ss_target;
@@ -539,6 +542,8 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
     }
     rec->nframes = (uint32_t)n;
     if (truncated) rec->flags |= SS_TRUNCATED;
+    /* inside a C call (its entry on top), not at an eval-breaker check: not parked */
+    if (n > 0 && (e->shadow_copy[0] & 1)) rec->flags &= ~(uint32_t)SS_PARKED;
 }
 
 /* A sample's time is read per target, when its walk has ended, not once per tick: on
@@ -559,6 +564,7 @@ static void sample_target(Engine *e, ss_target *t) {
         return;
     }
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
+    if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
         append_record(e, &rec, NULL, NULL);
@@ -606,13 +612,21 @@ static void sample_target(Engine *e, ss_target *t) {
      * found in a place where it also waits (a C call that lets the GIL go, then
      * waits to take it back) is computing there only if so. */
     if (!(flags & SS_ASLEEP) && moved) flags |= SS_ONCPU;
-    /* Neither on a core nor asleep during the feeder's turn with the GIL (from when
-     * its wait ends, so from its request on): most likely parked by the hand-off to
-     * the feeder, at the first eval-breaker check after the request (right after a
-     * long C call that held the GIL), and preempted there, by the feeder it woke or
-     * on a busy machine. Its CPU since its last sample ran before that point. */
-    if (!(flags & (SS_ASLEEP | SS_ONCPU)) && rec.wall_ns >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED))
-        flags |= SS_PARKED;
+    /* Parked by the hand-off to the feeder: a thread that held the GIL during the
+     * feeder's turn with it (from when the feeder's wait ends, so from its request
+     * on) hands it over at its first eval-breaker check after the request (right
+     * after a long C call that kept it), and is found there without the GIL until
+     * it has it back: not asleep but waiting for a core, preempted by the feeder it
+     * woke, or on a core passing the GIL. Its CPU since its last sample ran before
+     * that point. (Holding the GIL, it was preempted where it runs; it never held
+     * it since the turn began: computing in a C call that lets the GIL go, which
+     * the feeder does not stop. gilholder.h) */
+    int holds_gil = ss_gil_held_by(t->tstate) == 1;
+    int in_turn = rec.wall_ns >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED);
+    if (in_turn && (holds_gil || t->held_gil)) t->handed_over = 1;
+    else if (!in_turn && holds_gil) t->handed_over = 0;
+    t->held_gil = holds_gil;
+    if (!(flags & SS_ASLEEP) && t->handed_over && !holds_gil) flags |= SS_PARKED;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -863,7 +877,8 @@ static PyObject *Engine_stop(Engine *e, PyObject *unused) {
 
 /* feeder_turn_in(seconds) / feeder_turn_over(): when the feeder thread's turn with
  * the GIL begins (it asks for the GIL as its timed wait ends) and when it is over;
- * threads found during it neither on a core nor asleep are PARKED. */
+ * a thread that held the GIL during it is PARKED while found without it, awake
+ * (see sample_target). */
 static PyObject *Engine_feeder_turn_in(Engine *e, PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred()) return NULL;
@@ -997,6 +1012,8 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
             if (old->ctx == fresh[i].ctx && old->tstate == fresh[i].tstate && old->ident == fresh[i].ident) {
                 fresh[i].has_last = old->has_last;
                 fresh[i].last_cpu = old->last_cpu;
+                fresh[i].held_gil = old->held_gil;
+                fresh[i].handed_over = old->handed_over;
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
                 if (old->tid == fresh[i].tid) {  /* the same thread: keep its open stat file */
                     fresh[i].stat_fd = old->stat_fd;
@@ -1123,11 +1140,12 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     LOCK(e);
     int running = e->thread_running;
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsisn}", "ticks", (unsigned long long)e->ticks, "late_ticks",
+        "{sKsKsKsKsKsKsKsKsKsKsisn}", "ticks", (unsigned long long)e->ticks, "late_ticks",
         (unsigned long long)e->late_ticks, "missed_ticks", (unsigned long long)e->missed_ticks, "torn_samples",
         (unsigned long long)e->torn, "lost_samples", (unsigned long long)e->lost, "samples",
         (unsigned long long)e->samples, "walks", (unsigned long long)e->walks, "failed_reads",
-        (unsigned long long)e->reads_failed, "running", running, "buffer_bytes", (Py_ssize_t)e->active.cap);
+        (unsigned long long)e->reads_failed, "shadow_reads", (unsigned long long)e->shadow_reads,
+        "shadow_misses", (unsigned long long)e->shadow_misses, "running", running, "buffer_bytes", (Py_ssize_t)e->active.cap);
     if (running && e->has_thread_clock) {
         struct timespec ts;
         if (clock_gettime(e->thread_clock, &ts) == 0) cpu = ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -1272,6 +1290,23 @@ static PyObject *mark_remove(PyObject *m, PyObject *arg) {
     return PyBool_FromLong(ss_mark_remove(s, (uint32_t)entry) == 0);
 }
 
+/* gil_held_by(tstate, seconds): whether the collector, which runs without the GIL,
+ * sees thread state `tstate` hold it within `seconds` (the caller lets it go). */
+static PyObject *gil_held_by(PyObject *m, PyObject *args) {
+    unsigned long long tstate;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "Kd", &tstate, &seconds)) return NULL;
+    int seen = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t end = mono_ns() + (int64_t)(seconds * 1e9);
+    while (!(seen = ss_gil_held_by((uintptr_t)tstate) == 1) && mono_ns() < end) {
+        struct timespec pause = {0, 100000};
+        nanosleep(&pause, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(seen);
+}
+
 static PyObject *after_fork(PyObject *m, PyObject *unused) {
     pthread_mutex_init(&ss_markstacks.lock, NULL);
     pthread_mutex_init(&ss_shadows.lock, NULL);
@@ -1285,6 +1320,8 @@ static PyMethodDef module_methods[] = {
     {"frame_address", frame_address, METH_O, "The address the engine reports for this frame's frame."},
     {"mark_push", mark_push, METH_VARARGS, "mark_push(frame, entry): a mark entered in frame."},
     {"mark_remove", mark_remove, METH_O, "mark_remove(entry) -> whether it was on this thread's stack."},
+    {"gil_held_by", gil_held_by, METH_VARARGS,
+     "gil_held_by(tstate, seconds): whether that thread state is seen holding the GIL (read as the collector does)"},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
     SS_SHADOW_METHODS
     {NULL, NULL, 0, NULL},
@@ -1297,6 +1334,7 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&EngineType) < 0) return NULL;
+    ss_gil_find();
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
     Py_INCREF(&EngineType);

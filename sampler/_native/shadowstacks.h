@@ -198,10 +198,13 @@ static ss_shadow *ss_shadow_here(PyFrameObject *frame, int *fresh) {
 
 static inline uintptr_t ss_code_entry(PyObject *code) { return (uintptr_t)code; }
 
+#if PY_VERSION_HEX >= 0x030C0000
+/* (sys.monitoring's CALL event comes for every callable) */
 static int ss_is_python_callable(PyObject *c) {
     if (PyFunction_Check(c)) return 1;
     return PyMethod_Check(c) && PyFunction_Check(PyMethod_GET_FUNCTION(c));
 }
+#endif
 
 /* The key a C callable is known by: its PyMethodDef when it has one (static, shared
  * by every bound copy), else its type (kept alive, so its address is never reused). */
