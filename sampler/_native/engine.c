@@ -564,6 +564,7 @@ static void sample_target(Engine *e, ss_target *t) {
         return;
     }
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
+    /* (a thread that has not run since its last sample holds the GIL as it did then) */
     if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
@@ -618,9 +619,9 @@ static void sample_target(Engine *e, ss_target *t) {
      * after a long C call that kept it), and is found there without the GIL until
      * it has it back: not asleep but waiting for a core, preempted by the feeder it
      * woke, or on a core passing the GIL. Its CPU since its last sample ran before
-     * that point. (Holding the GIL, it was preempted where it runs; it never held
-     * it since the turn began: computing in a C call that lets the GIL go, which
-     * the feeder does not stop. gilholder.h) */
+     * that point. Not a thread found holding the GIL: preempted where it runs. Nor
+     * one that did not hold it as the turn began: computing in a C call that lets
+     * the GIL go, which the feeder does not stop. (gilholder.h) */
     int holds_gil = ss_gil_held_by(t->tstate) == 1;
     int in_turn = rec.wall_ns >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED);
     if (in_turn && (holds_gil || t->held_gil)) t->handed_over = 1;
@@ -1296,6 +1297,10 @@ static PyObject *gil_held_by(PyObject *m, PyObject *args) {
     unsigned long long tstate;
     double seconds;
     if (!PyArg_ParseTuple(args, "Kd", &tstate, &seconds)) return NULL;
+    if (!(seconds >= 0 && seconds < 1e6)) {
+        PyErr_SetString(PyExc_ValueError, "gil_held_by: seconds must be in [0, 1e6)");
+        return NULL;
+    }
     int seen = 0;
     Py_BEGIN_ALLOW_THREADS
     int64_t end = mono_ns() + (int64_t)(seconds * 1e9);
