@@ -283,29 +283,24 @@ def _in_long_match(pat, text) -> None:
     pat.match(text)  # (the line in every sample of the match: its C frame is not walked)
 
 
-@pytest.mark.engines("native")
-def test_a_thread_preempted_inside_a_call_that_holds_the_gil_is_not_parked():
-    """A long C call that holds the GIL spans the feeder's turns with it (the feeder
-    asks and waits until the call ends). The thread is found there off its core
-    whenever the machine preempts it: made sure here by a busy process sharing its
-    one core. It still holds the GIL, so it is computing where it is, not parked by
-    the hand-off: no such sample may carry PARKED, whose CPU would go to where the
-    thread last ran (3.11, 3 busy processes on 2 cores: 2-7% of a regex match's time
-    went to the lines around it)."""
-    from sampler.native_engine import ASLEEP as asleep, ONCPU as oncpu, PARKED as parked
-    pat, text = _long_match()
+def _flags_inside_calls(call, where: str, times: int = 3) -> list:
+    """Run ``call`` ``times`` in a thread that shares its one core with a busy
+    process (so that it is often found preempted), sampled by the native engine at
+    1 ms. For each call, the flags of the engine's samples read inside it (by the
+    thread's CPU clock, up to 0.2 ms before its end) whose innermost frame is
+    ``where``, in order."""
     core = min(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     go = threading.Event()
-    matches = []  # the thread's CPU clock (ns) around each match
+    spans = []  # the thread's CPU clock (ns) around each call
 
     def work() -> None:
         os.sched_setaffinity(0, {core})  # this thread only
         go.wait()
-        for _ in range(3):
+        for _ in range(times):
             before = time.thread_time_ns()
-            _in_long_match(pat, text)
-            matches.append((before, time.thread_time_ns()))
+            call()
+            spans.append((before, time.thread_time_ns()))
 
     t = threading.Thread(target=work)
     t.start()
@@ -324,15 +319,30 @@ def test_a_thread_preempted_inside_a_call_that_holds_the_gil_is_not_parked():
         hog.wait()
         t.join()
     snaps = ctl.get_snapshots()
-    # Samples read inside a match, by the thread's CPU clock: not those after its
-    # end, where the thread, found at the same line, may be parked for real, having
-    # handed the GIL over at the eval-breaker check that follows the call.
-    in_match = []
+    inside: list = [[] for _ in spans]
     for _, flags, _, cpu, _, raw, _ in drained:
         sid = collector._keys.get(raw) if raw is not None else None
-        inside = any(before <= cpu <= end - 200_000 for before, end in matches)
-        if inside and sid is not None and snaps.stack_frames(sid)[0].name.endswith("_in_long_match"):
-            in_match.append(flags)
+        if sid is None or not snaps.stack_frames(sid)[0].name.endswith(where):
+            continue
+        for i, (before, end) in enumerate(spans):
+            if before <= cpu <= end - 200_000:
+                inside[i].append(flags)
+    return inside
+
+
+@pytest.mark.engines("native")
+def test_a_thread_preempted_inside_a_call_that_holds_the_gil_is_not_parked():
+    """A long C call that holds the GIL spans the feeder's turns with it (the feeder
+    asks and waits until the call ends). The thread is found there off its core
+    whenever the machine preempts it. It still holds the GIL, so it is computing
+    where it is, not parked by the hand-off: no such sample may carry PARKED, whose
+    CPU would go to where the thread last ran (3.11, 3 busy processes on 2 cores:
+    2-7% of a regex match's time went to the lines around it). (Samples after a
+    match ends are not looked at: found at the same line, the thread may be parked
+    for real, having handed the GIL over at the check that follows the call.)"""
+    from sampler.native_engine import ASLEEP as asleep, ONCPU as oncpu, PARKED as parked
+    pat, text = _long_match()
+    in_match = sum(_flags_inside_calls(lambda: _in_long_match(pat, text), "_in_long_match"), [])
     off_core = [flags for flags in in_match if not flags & (oncpu | asleep)]
     assert len(in_match) >= 20 and len(off_core) >= 3, (len(in_match), len(off_core))
     assert not [flags for flags in in_match if flags & parked], in_match

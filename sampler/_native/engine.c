@@ -617,17 +617,21 @@ static void sample_target(Engine *e, ss_target *t) {
      * feeder's turn with it (from when the feeder's wait ends, so from its request
      * on) hands it over at its first eval-breaker check after the request (right
      * after a long C call that kept it), and is found there without the GIL until
-     * it has it back: not asleep but waiting for a core, preempted by the feeder it
-     * woke, or on a core passing the GIL. Its CPU since its last sample ran before
-     * that point. Not a thread found holding the GIL: preempted where it runs. Nor
-     * one that did not hold it as the turn began: computing in a C call that lets
-     * the GIL go, which the feeder does not stop. (gilholder.h) */
+     * it has it back: not asleep but waiting for a core (or preempted by the
+     * feeder it woke). Its CPU since its last sample ran before that point. Not a
+     * thread found holding the GIL: preempted where it runs. Nor one found on a
+     * core without it, nor one that did not hold it as the turn began: computing
+     * in a C call that lets the GIL go (hashlib on a large buffer), which the
+     * feeder does not stop; from a thread on a core without the GIL no hand-off is
+     * pending any more (taken for one, the io_mix benchmark's 64 KiB hashlib
+     * updates got 19-21% of the CPU for 29%). (gilholder.h) */
     int holds_gil = ss_gil_held_by(t->tstate) == 1;
     int in_turn = rec.wall_ns >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED);
     if (in_turn && (holds_gil || t->held_gil)) t->handed_over = 1;
     else if (!in_turn && holds_gil) t->handed_over = 0;
+    if (!holds_gil && (flags & SS_ONCPU)) t->handed_over = 0;
     t->held_gil = holds_gil;
-    if (!(flags & SS_ASLEEP) && t->handed_over && !holds_gil) flags |= SS_PARKED;
+    if (!(flags & (SS_ASLEEP | SS_ONCPU)) && t->handed_over && !holds_gil) flags |= SS_PARKED;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
