@@ -508,10 +508,10 @@ class NativeCollector(Steering):
             # (Only within one greenlet, the same outermost frame: after a switch the
             # CPU went into the greenlet found now, wherever the last one ran.)
             # So is a thread parked by the feeder's own turn with the GIL (PARKED):
-            # it held the GIL when the feeder asked for it and is found awake without
-            # it, stopped where it handed it over, right after the C call that kept
-            # it (up to 10% of the time of 10 ms sorted() calls filed at their
-            # caller's line, under load; engine.c says when the flag is set).
+            # it held the GIL when the feeder asked for it and is found off its core,
+            # awake, without it: stopped where it handed it over, after the C call
+            # that kept it (up to 10% of the time of 10 ms sorted() calls filed at
+            # their caller's line, under load; engine.c says when the flag is set).
             asleep = bool(flags & ASLEEP)
             # (in a place it slept in but on a core: computing there, as a C call
             # does between letting the GIL go and waiting to take it back)

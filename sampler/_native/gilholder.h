@@ -7,7 +7,7 @@
  * the clock, and only a thread that does not hold the GIL can be in it: a thread
  * preempted inside a GIL-holding C call, found during the feeder's turn, was taken
  * for one parked by the hand-off, and its CPU filed where it had last run (3.11,
- * under load: a regex match's time went to the lines around it, 2-4% of it).
+ * under load: up to 7% of a regex match's time went to the lines around it).
  *
  * The interpreter's GIL state (last holder, locked) comes from CPython's internal
  * headers: _PyRuntime.ceval.gil before 3.12, the interpreter's ceval.gil after
