@@ -76,8 +76,8 @@ SPIN_SAMPLED = (f"import sys\nsys.path.append({os.path.dirname(os.path.abspath(_
 CPU seconds, then on until the process's samplers took a few samples (a fixed 30 ms
 of CPU got none when the 2 cores were busy with two test suites; a fixed 50 ms got
 none in 100 ms of wall time in CI, alone on a virtual machine whose host takes its
-cores away at times: steal time in /proc/stat). Appended to ``sys.path``: the program's own first entry
-stays its folder."""
+cores away at times: steal time in /proc/stat). Appended to ``sys.path``: the
+program's own first entry stays its folder."""
 
 
 BUSY = SPIN + """
