@@ -286,9 +286,8 @@ def _in_long_match(pat, text) -> None:
 def _flags_inside_calls(call, where: str, times: int = 3) -> list:
     """Run ``call`` ``times`` in a thread that shares its one core with a busy
     process (so that it is often found preempted), sampled by the native engine at
-    1 ms. For each call, the flags of the engine's samples read inside it (by the
-    thread's CPU clock, up to 0.2 ms before its end) whose innermost frame is
-    ``where``, in order."""
+    1 ms. The flags of the engine's samples read inside a call (by the thread's CPU
+    clock, up to 0.2 ms before its end) whose innermost frame is ``where``."""
     core = min(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
     go = threading.Event()
@@ -319,14 +318,12 @@ def _flags_inside_calls(call, where: str, times: int = 3) -> list:
         hog.wait()
         t.join()
     snaps = ctl.get_snapshots()
-    inside: list = [[] for _ in spans]
+    inside = []
     for _, flags, _, cpu, _, raw, _ in drained:
         sid = collector._keys.get(raw) if raw is not None else None
-        if sid is None or not snaps.stack_frames(sid)[0].name.endswith(where):
-            continue
-        for i, (before, end) in enumerate(spans):
-            if before <= cpu <= end - 200_000:
-                inside[i].append(flags)
+        if (sid is not None and snaps.stack_frames(sid)[0].name.endswith(where)
+                and any(before <= cpu <= end - 200_000 for before, end in spans)):
+            inside.append(flags)
     return inside
 
 
@@ -342,7 +339,7 @@ def test_a_thread_preempted_inside_a_call_that_holds_the_gil_is_not_parked():
     for real, having handed the GIL over at the check that follows the call.)"""
     from sampler.native_engine import ASLEEP as asleep, ONCPU as oncpu, PARKED as parked
     pat, text = _long_match()
-    in_match = sum(_flags_inside_calls(lambda: _in_long_match(pat, text), "_in_long_match"), [])
+    in_match = _flags_inside_calls(lambda: _in_long_match(pat, text), "_in_long_match")
     off_core = [flags for flags in in_match if not flags & (oncpu | asleep)]
     assert len(in_match) >= 20 and len(off_core) >= 3, (len(in_match), len(off_core))
     assert not [flags for flags in in_match if flags & parked], in_match

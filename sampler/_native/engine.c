@@ -564,9 +564,9 @@ static void sample_target(Engine *e, ss_target *t) {
         return;
     }
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
-    /* (a thread that has not run since its last sample holds the GIL as it did then) */
-    if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
+        /* (not having run, it holds the GIL as it did then: see PARKED below) */
+        if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
         append_record(e, &rec, NULL, NULL);
         return;
