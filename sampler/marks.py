@@ -15,11 +15,11 @@ import functools
 import inspect
 import itertools
 import sys
-import time
 from collections import deque
 from types import FrameType
 from typing import Any, Callable, Hashable, Iterator, Optional, TypeVar
 
+from . import realthreads
 from .engines import _native  # None where the native engine is not built: marks live on frames only
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,12 +42,19 @@ def _unmark(frame: FrameType, entry: tuple) -> None:
 
 # The native engine cannot read frame_marks without the GIL: each extent is also
 # pushed, as an entry id, on the thread's native mark stack (sampler._native), and the
-# id is looked up here when the samples are filed. An id stays known for
-# RETIRED_GRACE seconds after its extent ends, so that samples still buffered by the
-# engine (drained every few milliseconds) can be filed with it.
-RETIRED_GRACE = 5.0
+# id is looked up here when the samples are filed. A sample carrying an id was copied
+# before its extent ended (the collector reads the stack again if it changed), so the
+# first drain that begins after the end holds it, if an earlier one did not: an id
+# stays known until every native collector that reads marks has filed such a drain
+# (hold_retired, filed_retired), however late. Not for a fixed time: under load a
+# drain came 6.3 s after the samples it filed were taken, and with a grace of 5 s a
+# sample in 'tiny' was filed without its mark (3.12, 2 samples in 3,065).
 _entries: dict[int, tuple[Hashable, Any]] = {}
-_retired: deque = deque()  # (time retired, entry id), oldest first
+_retired: deque = deque()  # (retirement number, entry id), in about that order
+_retirement = itertools.count(1)
+_last_retired = [0]  # the latest retirement number given
+_holders: dict[int, list] = {}  # id(cell) -> cell: [retirement number its collector filed up to]
+_forgetting = realthreads.allocate_lock()
 _next_entry = itertools.count(1)
 
 
@@ -59,12 +66,50 @@ def mark_entries(ids: tuple) -> Iterator[tuple[Hashable, Any]]:
             yield entry
 
 
+def retirements() -> int:
+    """The number of the latest extent to end (read before a drain: every sample
+    carrying the id of one that ended by then is in that drain or filed already)."""
+    return _last_retired[0]
+
+
+def hold_retired() -> list:
+    """A native collector that reads marks starts (before its first sample): ids of
+    extents that end from now on stay known until it has filed them. Returns its hold."""
+    cell = [_last_retired[0]]
+    _holders[id(cell)] = cell
+    return cell
+
+
+def filed_retired(hold: list, upto: int) -> None:
+    """The collector of ``hold`` has filed every sample that can carry the id of an
+    extent retired with a number up to ``upto``."""
+    if upto > hold[0]:
+        hold[0] = upto
+    _forget()
+
+
+def release_retired(hold: list) -> None:
+    """The collector of ``hold`` will file no more samples (stopped, or in a forked child)."""
+    _holders.pop(id(hold), None)
+    _forget()
+
+
+def _forget() -> None:
+    """Forget the ids every holder has filed (all of them when none holds)."""
+    if not _forgetting.acquire(False):
+        return  # another thread forgets now (or this one, from a signal handler)
+    try:
+        holds = list(_holders.values())
+        limit = min(h[0] for h in holds) if holds else _last_retired[0]
+        while _retired and _retired[0][0] <= limit:
+            _entries.pop(_retired.popleft()[1], None)
+    finally:
+        _forgetting.release()
+
+
 def _native_enter(frame: FrameType, key: Hashable, value: Any, holder: list) -> None:
     """Push the extent on the thread's native mark stack; its id goes into ``holder``
     first, so that an interruption after the push can still take it off."""
-    now = time.monotonic()
-    while _retired and now - _retired[0][0] > RETIRED_GRACE:
-        _entries.pop(_retired.popleft()[1], None)
     eid = next(_next_entry) & 0xFFFFFFFF or next(_next_entry)
     _entries[eid] = (key, value)
     holder[0] = eid
@@ -72,12 +117,18 @@ def _native_enter(frame: FrameType, key: Hashable, value: Any, holder: list) -> 
 
 
 def _native_exit(holder: list) -> None:
-    """Take the extent off the native mark stack (idempotent)."""
+    """Take the extent off the native mark stack (idempotent). Its id stays known while
+    a native collector may hold a sample carrying it (see hold_retired)."""
     eid = holder[0]
     if eid and _native is not None:
         holder[0] = 0
         _native.mark_remove(eid)
-        _retired.append((time.monotonic(), eid))
+        if _holders:
+            n = next(_retirement)
+            _retired.append((n, eid))
+            _last_retired[0] = n
+        else:  # no collector reads marks: no sample can carry it
+            _entries.pop(eid, None)
 
 
 class mark:

@@ -31,7 +31,7 @@ from .clocks import clock_for, read_cpu, thread_clock_id
 from .greenlets import greenlet_at, switch_log
 from .collector import Steering
 from .groups import ThreadGroup, notify_started, start_listeners
-from .marks import mark_entries
+from .marks import filed_retired, hold_retired, mark_entries, release_retired, retirements
 from .recorder import Recorder
 from .snapshot import Frame
 from .tracking import Target, Tracker, collector_idents, thread_target
@@ -39,6 +39,11 @@ from .tracking import Target, Tracker, collector_idents, thread_target
 REFRESH = 0.02
 """Seconds between the feeder's turns (each takes the GIL once) while the set of
 threads to read can change on its own (``ALL_THREADS``, groups, greenlets)."""
+
+PAUSED_FILING = 1.0
+"""Seconds between the feeder's turns while paused, when marks are read: each files
+what the engine took before the pause, so that the ids of extents that end meanwhile
+are not kept for it (sampler.marks.hold_retired)."""
 
 REFRESH_STATIC = 0.1
 """Seconds between turns when only started threads are tracked: nothing to look up,
@@ -223,6 +228,7 @@ class NativeCollector(Steering):
         self._draining: Optional[int] = None  # the thread filing samples now
         self._gc_pending: dict[int, list] = {}  # ident -> collections not filed yet, oldest first
         self._c_frames: list = []  # use_errortrace: C callables' frames by id
+        self._marks_hold: Optional[list] = None  # (sampler.marks.hold_retired)
 
     # -- the collector interface (see sampler.collector.Collector) ---------------
     def start(self) -> None:
@@ -230,7 +236,13 @@ class NativeCollector(Steering):
         self._refresh_targets()
         if self.shadow is not None:
             self._engine.set_shadow(True)
-        self._engine.start()
+        if self.recorder.custom_keys:
+            self._marks_hold = hold_retired()  # before the first sample
+        try:
+            self._engine.start()
+        except BaseException:
+            self._release_marks()
+            raise
         self.ident = realthreads.start_new_thread(self._main, ())
 
     def wake(self) -> None:
@@ -266,6 +278,7 @@ class NativeCollector(Steering):
         self.stopped = True
         self._engine.forget_after_fork()
         self._stats_after_stop = dict(self._stats(), collector_cpu=0.0)
+        self._release_marks()  # (the samples still buffered are never filed here)
         self.recorder.lock = realthreads.allocate_lock()
         self.recorder.repair()
 
@@ -316,7 +329,14 @@ class NativeCollector(Steering):
                 if self.stopped:
                     break
                 if self.paused:
-                    self._wake.acquire()
+                    if self._marks_hold is None:
+                        self._wake.acquire()
+                    else:
+                        try:
+                            self._drain()
+                        except Exception:
+                            self._record_error()
+                        self._wake.acquire(timeout=PAUSED_FILING)
                     continue
                 # (the turn with the GIL starts when the wait ends, with the request for
                 # the GIL: see PARKED in _file; woken early, it starts here)
@@ -342,6 +362,7 @@ class NativeCollector(Steering):
                 self._drain()
             except BaseException:
                 self._record_error()
+            self._release_marks()
             collector_idents.discard(realthreads.get_ident())
             self._feeder_final = time.thread_time()
             self._feeder_clock = None
@@ -475,9 +496,25 @@ class NativeCollector(Steering):
         with self.recorder.lock:  # held across the drain: samples are filed in order
             self._draining = realthreads.get_ident()
             try:
+                hold = self._marks_hold
+                # Extents that ended by now: a sample carrying one was taken before
+                # it ended, so it is in this drain's buffer or was filed before.
+                ended = retirements()
+                ticks = self._engine.stats()["ticks"] if hold is not None and self.paused else None
                 self._file(*self._engine.drain())
+                if hold is not None:
+                    if ticks is not None:
+                        now = retirements()
+                        if self._engine.stats()["ticks"] == ticks:
+                            ended = now  # no tick since the drain began: none can carry them
+                    filed_retired(hold, ended)
             finally:
                 self._draining = None
+
+    def _release_marks(self) -> None:
+        hold, self._marks_hold = self._marks_hold, None
+        if hold is not None:
+            release_retired(hold)
 
     def _file(self, samples: list, codes: list) -> None:
         """File one drain's samples under their threads and greenlets."""

@@ -21,6 +21,11 @@ sampling starts (and again after a greenlet switch, which changes the whole stac
 see :meth:`ShadowStacks.unseed`), so it is exact from then on.  A pop names what it
 pops (a code object, a callable): entries above it are dropped with it, and a pop
 of something not on the stack is ignored, so one missed event cannot skew the rest.
+A seed can come while a frame's own start event is still on its way: a greenlet
+collected by the GC is killed in the middle of whatever allocated (a frame being
+entered, its frame object being made for its event), and code that runs then (a
+weakref callback) seeds the stack with the frame already in it.  So a start event
+whose frame is the seeded top is not pushed again (:class:`_Stack`).
 
 This module is the Python twin, whose callbacks are Python functions (2-2.6x on
 call-heavy code, DESIGN.md); :mod:`sampler.native_engine` has the same callbacks in
@@ -89,6 +94,23 @@ def free_tool_id() -> int:
         if mon.get_tool(tool) is None:
             return tool
     raise RuntimeError("use_errortrace needs a sys.monitoring tool id, and all six are taken")
+
+
+class _Stack(list):
+    """One thread's entries, outermost first, and the frames the bottom ones were
+    seeded from (``id`` of each, while that entry is still the seeded one)."""
+
+    __slots__ = ("seeded",)
+
+    def __init__(self, entries: list, frame_ids: list) -> None:
+        super().__init__(entries)
+        self.seeded = frame_ids
+
+    def starts_seeded(self, code: Any, frame: Any) -> bool:
+        """Whether ``frame`` starting (running ``code``) is the seeded top already:
+        seeded while its start event was on its way."""
+        n = len(self)
+        return 0 < n <= len(self.seeded) and self[-1] is code and self.seeded[n - 1] == id(frame)
 
 
 class ShadowStacks:
@@ -222,14 +244,16 @@ class ShadowStacks:
 
     # -- the callbacks -----------------------------------------------------------------
     def _seed(self, ident: int, frame: Any) -> list:
-        codes = []
+        codes, frames = [], []
         while frame is not None:
             codes.append(frame.f_code)
+            frames.append(id(frame))
             frame = frame.f_back
         codes.reverse()
-        del codes[MAX_DEPTH:]
-        self.stacks[ident] = codes
-        return codes
+        frames.reverse()
+        del codes[MAX_DEPTH:], frames[MAX_DEPTH:]
+        stack = self.stacks[ident] = _Stack(codes, frames)
+        return stack
 
     def _push(self, ident: int, stack: list, entry: Any) -> None:
         if len(stack) >= MAX_DEPTH:
@@ -246,6 +270,8 @@ class ShadowStacks:
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is entry:
                 del stack[i:]
+                if i < len(stack.seeded):  # (a seeded entry's frame has ended)
+                    del stack.seeded[i:]
                 return
 
     def _push_code(self, code: CodeType, offset: int, exc: Any = None) -> None:
@@ -253,7 +279,7 @@ class ShadowStacks:
         stack = self.stacks.get(ident)
         if stack is None:
             self._seed(ident, sys._getframe(1))  # holds the frame starting now
-        else:
+        elif not (stack and stack[-1] is code and stack.starts_seeded(code, sys._getframe(1))):
             self._push(ident, stack, code)
 
     def _pop_code(self, code: CodeType, offset: int, value: Any) -> None:
@@ -307,7 +333,9 @@ class ShadowStacks:
             if event == "call":
                 return
         if event == "call":
-            self._push(ident, stack, frame.f_code)
+            code = frame.f_code
+            if not (stack and stack[-1] is code and stack.starts_seeded(code, frame)):
+                self._push(ident, stack, code)
         elif event == "return":
             self._pop(ident, stack, frame.f_code)
         elif not self.c_functions:

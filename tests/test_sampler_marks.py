@@ -1,6 +1,7 @@
 """Marks (Racket continuation marks) and custom keys, tied to their samples."""
 
 import threading
+import time
 
 import pytest
 
@@ -54,6 +55,45 @@ def test_a_sample_never_splits_a_mark_from_its_frame():
         if (marks and "handle_fast" not in names) or (not marks and "tiny" in names):
             split.append((names[-3:], marks))
     assert split == [], f"{len(split)} of {len(snaps)} samples: {split[:3]}"
+
+@pytest.mark.engines("native")
+def test_a_sample_filed_late_keeps_the_mark_that_has_ended_since():
+    """The native engine files its samples later, on a thread that needs the GIL; the
+    mark an id names must stay known until then, however late (CI, 3.12: a mark forgot
+    its id 5 s after its end, while samples carrying it waited 6.3 s to be filed under
+    load, and two samples in `tiny` came out without their mark). Here nothing is
+    filed for 5.5 s while the marked work runs, then marks go on being entered."""
+    go = threading.Event()
+
+    def inside():
+        spin(0.05)
+
+    def worker():
+        go.wait()
+        with mark("request", "r1"):
+            inside()
+        end = time.monotonic() + 6.0
+        while time.monotonic() < end:
+            with mark("other", 1):
+                time.sleep(0.001)
+
+    t = threading.Thread(target=worker)
+    ctl = create_sampler(t, 0.001, ["request"])
+    t.start()
+    try:
+        with ctl._recorder.lock:  # a starved feeder: no drain files anything meanwhile
+            go.set()
+            time.sleep(5.5)
+    finally:
+        t.join()
+        ctl.stop()
+    snaps = ctl.get_snapshots()
+    inside_samples = [i for i in range(len(snaps))
+                      if "inside" in [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]]
+    assert inside_samples, "no sample of the marked work"
+    assert all(snaps.marks_of(i) == (("r1",),) for i in inside_samples), \
+        [snaps.marks_of(i) for i in inside_samples][:5]
+
 
 def test_each_sample_carries_the_marks_of_its_own_stack():
     stop = threading.Event()

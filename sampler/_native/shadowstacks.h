@@ -44,7 +44,7 @@ typedef struct ss_shadow {
     uint32_t epoch;     /* the session it was seeded in; another: not seeded */
     uint32_t pad;
     uintptr_t entries[SS_SHADOW_MAX];  /* outermost first */
-    uintptr_t frames[SS_SHADOW_MAX];   /* owner only: each entry's frame (0: unknown), for the eval hook */
+    uintptr_t frames[SS_SHADOW_MAX];   /* owner only: each entry's frame (0: unknown), for the eval hook and seeds */
     uintptr_t stack_guard;             /* owner only: the eval hook leaves when its C stack goes below */
 } ss_shadow;
 
@@ -127,6 +127,21 @@ static void ss_shadow_push_frame(ss_shadow *s, uintptr_t entry, uintptr_t frame)
 }
 
 static inline void ss_shadow_push(ss_shadow *s, uintptr_t entry) { ss_shadow_push_frame(s, entry, 0); }
+
+/* Whether `frame` starting (running `entry`) is the top entry already: seeded while
+ * its start event was on its way. A greenlet collected by the GC is killed in the
+ * middle of whatever allocated (a frame being entered, the frame object made for its
+ * event), and code run then (a weakref callback) seeds the stack with that frame in
+ * it. A seeded entry keeps its frame until popped; pushes record none (0). */
+static inline int ss_shadow_starts_seeded(ss_shadow *s, uintptr_t entry, uintptr_t frame) {
+    uint32_t d = s->depth;
+    return frame != 0 && d > 0 && d <= SS_SHADOW_MAX && s->entries[d - 1] == entry && s->frames[d - 1] == frame;
+}
+
+/* Push the entry of a Python frame starting, unless its seed holds it already. */
+static inline void ss_shadow_push_start(ss_shadow *s, uintptr_t entry, uintptr_t frame) {
+    if (!ss_shadow_starts_seeded(s, entry, frame)) ss_shadow_push(s, entry);
+}
 
 /* Pop the innermost entry whose value in `column` (s->entries: its code; s->frames:
  * its frame) is `value`, and whatever is above it; ignored when absent. */
@@ -285,7 +300,7 @@ static PyObject *ss_cb_push(PyObject *m, PyObject *const *args, Py_ssize_t n) {
     int fresh;
     if (!ss_shadow_on || n < 1) Py_RETURN_NONE;
     ss_shadow *s = ss_shadow_here(NULL, &fresh);
-    if (s != NULL && !fresh) ss_shadow_push(s, ss_code_entry(args[0]));
+    if (s != NULL && !fresh) ss_shadow_push_start(s, ss_code_entry(args[0]), ss_current_frame_addr(PyThreadState_Get()));
     Py_RETURN_NONE;
 }
 
@@ -324,7 +339,7 @@ static int ss_profile(PyObject *obj, PyFrameObject *frame, int what, PyObject *a
     if (what == PyTrace_CALL) {
         if (!fresh) {
             PyCodeObject *code = PyFrame_GetCode(frame);
-            ss_shadow_push(s, ss_code_entry((PyObject *)code));
+            ss_shadow_push_start(s, ss_code_entry((PyObject *)code), ss_frame_object_addr(frame));
             Py_DECREF(code);
         }
     } else if (what == PyTrace_RETURN) {
