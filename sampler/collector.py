@@ -209,17 +209,15 @@ class Collector(Steering):
         until that context's next sample."""
         recorder = self.recorder
         try:
-            watch = self.gc_watch
-            if watch is not None and watch.pending:
-                # the collections that ended before this tick, before its samples
-                recorder.record_gc(watch.take(int((now - recorder.start) * 1e6)))
             frames = sys._current_frames()
             targets = tracker.targets(frames)
             del frames
+            # The collections are filed by the recorder once it has read the threads'
+            # CPU clocks, before their samples (see Recorder.record_tick).
             if self.shadow is not None:
-                recorder.record_tick_shadow(targets, now, self.shadow)
+                recorder.record_tick_shadow(targets, now, self.shadow, gc_watch=self.gc_watch)
             else:
-                recorder.record_tick(targets, now)
+                recorder.record_tick(targets, now, gc_watch=self.gc_watch)
             if recorder.targets_stale:
                 recorder.targets_stale = False
                 tracker.invalidate()

@@ -354,8 +354,17 @@ class Recorder:
 
     # -- the Python engine's hot path -------------------------------------------------
     def record_tick(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
-                    current_frames: Callable[[], dict] = sys._current_frames) -> None:
+                    current_frames: Callable[[], dict] = sys._current_frames,
+                    gc_watch: Any = None) -> None:
         """Append one sample per running target (called by the single writer).
+
+        ``gc_watch`` (a :class:`sampler.gctime.GCWatch`): its collections are filed
+        (:meth:`record_gc`) after the targets' CPU clocks are read, before their
+        samples.  Not before the reads: the GIL can change hands in between (the
+        collector's thread is descheduled while it holds it, for tens of ms on a
+        loaded machine), and a collection that ended there is in the CPU time the
+        sample reads; filed at the next tick, its time would be capped by the CPU
+        used since, most often nothing, or never filed at all after the last tick.
 
         ``now`` is when the collector took the GIL for this tick.  The GIL can change
         hands while the collector walks a stack, and the thread walked may then move
@@ -378,6 +387,9 @@ class Recorder:
             if ctx.top is not None or ctx.back is not None:
                 kept += 1
             walked.append((target, ctx, cpu_us, frame, sid, marks))
+        if gc_watch is not None and gc_watch.pending:
+            # every collection that ended by now, the CPU clocks read (see above)
+            self.record_gc(gc_watch.take())
         if kept != len(self._walked):
             self._drop_stale_walks()
         if not walked:
@@ -584,17 +596,20 @@ class Recorder:
 
     # -- instrumented stacks (use_errortrace, see sampler.shadow) ---------------------
     def record_tick_shadow(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
-                           shadow: Any) -> None:
+                           shadow: Any, gc_watch: Any = None) -> None:
         """As :meth:`record_tick`, but each running target's stack is its thread's
         shadow stack (``shadow.stack_of(ident)``: code objects and C functions'
         frames, outermost first), copied whole under the GIL by this single writer.
         A thread with no shadow stack yet (no event since sampling started) is walked.
-        Marks still come from the live frames."""
+        Marks still come from the live frames.  ``gc_watch``'s collections are filed
+        after each target's CPU clock is read, before its sample."""
         self._tick += 1
         wall_us = int((now - self.start) * 1e6)
         want_marks = self.sample_marks is not None
         for target, frame in targets:
             found = self._tick_target(target, frame, wall_us)
+            if gc_watch is not None and gc_watch.pending:
+                self.record_gc(gc_watch.take())
             if found is None:
                 continue
             ctx, cpu_us = found
@@ -605,6 +620,8 @@ class Recorder:
                 sid = self._shadow_stack_id(entries)
                 marks = self._walk(ctx, frame)[1] if want_marks else ()
             self._store(ctx, sid, marks, wall_us, cpu_us, frame)
+        if gc_watch is not None and gc_watch.pending:
+            self.record_gc(gc_watch.take())
         self._drop_stale_walks()
 
     def _shadow_stack_id(self, entries: tuple) -> int:
