@@ -199,7 +199,8 @@ class _Slot:
         self.last_cpu_us = 0
         # the walks (raw stacks) the thread was last found asleep in, oldest first
         self.slept_in: dict[bytes, None] = {}
-        self.ran: Optional[tuple[int, int, int]] = None  # (stack, base, marks) last seen running
+        # (stack, base, marks, greenlet) last seen running
+        self.ran: Optional[tuple[int, int, int, Any]] = None
 
 
 class NativeCollector(Steering):
@@ -553,16 +554,21 @@ class NativeCollector(Steering):
             # (in a place it slept in but on a core: computing there, as a C call
             # does between letting the GIL go and waiting to take it back)
             waiting = asleep or bool(flags & PARKED) or (raw in slot.slept_in and not flags & ONCPU)
-            if waiting and slot.ran is not None and slot.ran[1] == base and cpu_us > slot.last_cpu_us:
+            # (Same greenlet, not only the same outermost frame's address: a greenlet
+            # started after another one ended gets its frames' memory, and the dead
+            # one's last stack went under the new one when it was first found asleep,
+            # 15 runs in 20 on 3.11 and 3.13.)
+            if (waiting and slot.ran is not None and slot.ran[1] == base and cpu_us > slot.last_cpu_us
+                    and slot.ran[3] is self._greenlet_at(slot, base, wall_us, slot.last_wall_us)):
                 ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
-                self._file_sample(slot, *slot.ran, ran_until, cpu_us)
+                self._file_sample(slot, *slot.ran[:3], ran_until, cpu_us)
             sid = self._stack_id(raw, flags)
             mid = self._mark_set(marks) if marks else 0
-            self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
+            running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
             if asleep:
                 _remember(slot.slept_in, raw, SLEEP_PLACES)
             if not waiting:
-                slot.ran = (sid, base, mid)
+                slot.ran = (sid, base, mid, running)
 
     def _take_gc(self) -> dict:
         """The collections not filed yet, by thread (those of threads not read are
@@ -601,9 +607,10 @@ class NativeCollector(Steering):
         # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
         return bool(events) and events[0][3] - events[0][4] <= wall_us
 
-    def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> None:
+    def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> Any:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and
-        under the tracked greenlet whose outermost frame it shows."""
+        under the tracked greenlet whose outermost frame it shows; the record of the
+        greenlet it showed (``None``: not known)."""
         recorder = self.recorder
         since_us = slot.last_wall_us  # (the thread's stack was read after its last sample)
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
@@ -622,6 +629,7 @@ class NativeCollector(Steering):
                 # switched out: close its interval once
                 recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
                 ctx.running = False
+        return running
 
     def _greenlet_at(self, slot: _Slot, base: int, wall_us: int, since_us: int) -> Any:
         """The greenlet a sample of ``slot`` showed, read after ``since_us`` and by
