@@ -109,26 +109,31 @@ def _forget() -> None:
 
 def _native_enter(frame: FrameType, key: Hashable, value: Any, holder: list) -> None:
     """Push the extent on the thread's native mark stack; its id goes into ``holder``
-    first, so that an interruption after the push can still take it off."""
+    first, so that an interruption after any step can still undo them all."""
     eid = next(_next_entry) & 0xFFFFFFFF or next(_next_entry)
-    _entries[eid] = (key, value)
     holder[0] = eid
+    _entries[eid] = (key, value)
     _native.mark_push(frame, eid)
 
 
 def _native_exit(holder: list) -> None:
     """Take the extent off the native mark stack (idempotent). Its id stays known while
-    a native collector may hold a sample carrying it (see hold_retired)."""
+    a native collector may hold a sample carrying it (see hold_retired).
+
+    An interruption can cut this short anywhere, and the caller runs it again: so the
+    id in ``holder`` is cleared last (cleared first, an interruption before the
+    removal left the extent on the native stack, carried by every later sample of
+    its frame, and its id known for good: 10 ids left by the interruption tests)."""
     eid = holder[0]
     if eid and _native is not None:
-        holder[0] = 0
         _native.mark_remove(eid)
         if _holders:
             n = next(_retirement)
-            _retired.append((n, eid))
+            _retired.append((n, eid))  # (twice, if run again: harmless)
             _last_retired[0] = n
         else:  # no collector reads marks: no sample can carry it
             _entries.pop(eid, None)
+        holder[0] = 0
 
 
 class mark:
