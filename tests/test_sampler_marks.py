@@ -91,8 +91,48 @@ def test_a_sample_filed_late_keeps_the_mark_that_has_ended_since():
     inside_samples = [i for i in range(len(snaps))
                       if "inside" in [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]]
     assert inside_samples, "no sample of the marked work"
-    assert all(snaps.marks_of(i) == (("r1",),) for i in inside_samples), \
-        [snaps.marks_of(i) for i in inside_samples][:5]
+    unmarked = [(snaps.marks_of(i), [f.name for f in snaps.stack_frames(snaps.sample_stack[i])])
+                for i in inside_samples if snaps.marks_of(i) != (("r1",),)]
+    assert not unmarked, (len(unmarked), len(inside_samples), unmarked[:3])
+
+
+def test_a_threads_first_mark_is_in_the_samples_of_its_frame():
+    """A thread's first mark makes its native mark stack.  A walk that began before it
+    existed and read the marked frame found no marks to pair with it (1 run in 30 of
+    the test above under load, and in CI one `tiny` sample in 3,079 without its mark;
+    3 to 7 samples in 600 here under load, none without).  Each thread here is new,
+    and stays alive so that none reuses an earlier one's mark stack."""
+    done = threading.Event()
+
+    def inside():
+        spin(0.002)
+
+    def worker(go):
+        go.wait()
+        with mark("request", "first"):
+            inside()
+        done.wait()
+
+    gos = [threading.Event() for _ in range(60)]
+    threads = [threading.Thread(target=worker, args=(go,)) for go in gos]
+    ctl = create_sampler(threads, 0.0002, ["request"])
+    for t in threads:
+        t.start()
+    try:
+        for go in gos:
+            go.set()
+            time.sleep(0.003)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+        ctl.stop()
+    snaps = ctl.get_snapshots()
+    inside_samples = [i for i in range(len(snaps))
+                      if "inside" in [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]]
+    assert inside_samples, "no sample of the marked work"
+    unmarked = [i for i in inside_samples if snaps.marks_of(i) != (("first",),)]
+    assert not unmarked, f"{len(unmarked)} of {len(inside_samples)} samples of the marked frame without its mark"
 
 
 def test_each_sample_carries_the_marks_of_its_own_stack():

@@ -573,18 +573,24 @@ static void sample_target(Engine *e, ss_target *t) {
     }
     /* With marks, a walk counts only if the thread's mark stack did not change while
      * it ran (same even counter before the walk and after the copy of the marks):
-     * else a sample could hold a marked frame without its mark, or the reverse. */
-    ss_markstack *marks = e->want_marks ? ss_markstack_find(t->tstate) : NULL;
+     * else a sample could hold a marked frame without its mark, or the reverse. A
+     * thread that had no mark stack before the walk and has one after it made its
+     * first mark meanwhile: read again (else the first sample of a thread's first
+     * marked frame could come without the mark: 1 run in 30 under load). */
+    ss_markstack *marks = NULL;
     int depth = -2;
     int nmarks = 0;
     uint64_t base = 0;
     uint32_t flags = 0;
     for (int attempt = 0; attempt < 3 && depth == -2; attempt++) {
+        if (e->want_marks && marks == NULL) marks = ss_markstack_find(t->tstate);
         uint32_t seq = ss_markstack_seq(marks);
         depth = walk(e, t, &base, &flags);
         if (depth >= 0 && marks != NULL) {
             nmarks = ss_markstack_copy(marks, seq, e->marks_copy);
             if (nmarks < 0) depth = -2;
+        } else if (depth >= 0 && e->want_marks && ss_markstack_find(t->tstate) != NULL) {
+            depth = -2;
         }
     }
     rec.wall_ns = mono_ns();
