@@ -15,6 +15,16 @@ def handle(request_id, seconds):
         spin(seconds)
 
 
+def _assert_every_sample_of_carries(snaps, function: str, marks: tuple) -> None:
+    """Every sample with ``function`` on its stack carries ``marks``, and there is one."""
+    samples = [(snaps.marks_of(i), [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])])
+               for i in range(len(snaps))]
+    inside = [(m, names) for m, names in samples if function in names]
+    assert inside, f"no sample of {function}"
+    wrong = [(m, names) for m, names in inside if m != marks]
+    assert not wrong, f"{len(wrong)} of {len(inside)} samples of {function} without {marks}: {wrong[:3]}"
+
+
 
 def test_a_sample_never_splits_a_mark_from_its_frame():
     # Marks entered and left thousands of times a second on two threads running on
@@ -87,13 +97,7 @@ def test_a_sample_filed_late_keeps_the_mark_that_has_ended_since():
     finally:
         t.join()
         ctl.stop()
-    snaps = ctl.get_snapshots()
-    inside_samples = [i for i in range(len(snaps))
-                      if "inside" in [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]]
-    assert inside_samples, "no sample of the marked work"
-    unmarked = [(snaps.marks_of(i), [f.name for f in snaps.stack_frames(snaps.sample_stack[i])])
-                for i in inside_samples if snaps.marks_of(i) != (("r1",),)]
-    assert not unmarked, (len(unmarked), len(inside_samples), unmarked[:3])
+    _assert_every_sample_of_carries(ctl.get_snapshots(), "inside", (("r1",),))
 
 
 def test_a_threads_first_mark_is_in_the_samples_of_its_frame():
@@ -127,12 +131,7 @@ def test_a_threads_first_mark_is_in_the_samples_of_its_frame():
         for t in threads:
             t.join()
         ctl.stop()
-    snaps = ctl.get_snapshots()
-    inside_samples = [i for i in range(len(snaps))
-                      if "inside" in [f.name.rpartition(".")[2] for f in snaps.stack_frames(snaps.sample_stack[i])]]
-    assert inside_samples, "no sample of the marked work"
-    unmarked = [i for i in inside_samples if snaps.marks_of(i) != (("first",),)]
-    assert not unmarked, f"{len(unmarked)} of {len(inside_samples)} samples of the marked frame without its mark"
+    _assert_every_sample_of_carries(ctl.get_snapshots(), "inside", (("first",),))
 
 
 def test_each_sample_carries_the_marks_of_its_own_stack():
