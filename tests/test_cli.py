@@ -230,7 +230,7 @@ def test_a_package_that_fails_on_import_shows_its_traceback(tmp_path):
 
 
 def test_threads_are_sampled_with_all_threads(tmp_path):
-    script = write(tmp_path / "threads.py", SPIN + """
+    script = write(tmp_path / "threads.py", SPIN_SAMPLED + """
 import threading
 def worker(n):
     return spin(n)
@@ -251,7 +251,7 @@ print("done")
 
 
 def test_the_program_s_non_daemon_threads_are_waited_for_and_profiled(tmp_path):
-    script = write(tmp_path / "late.py", SPIN + """
+    script = write(tmp_path / "late.py", SPIN_SAMPLED + """
 import threading
 said = threading.Event()
 def background():

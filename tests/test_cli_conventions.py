@@ -21,7 +21,7 @@ import pytest
 
 from export_consumers import need_program
 from sampler.snapshot import Snapshots
-from test_cli import BUSY, SPIN, TIMEOUT, analyzer, env, run, stackshot, write
+from test_cli import BUSY, SPIN, SPIN_SAMPLED, TIMEOUT, analyzer, env, run, stackshot, write
 from test_export_pprof import go_pprof, top_rows
 
 
@@ -149,7 +149,7 @@ def test_the_analyzers_filters_work_on_stackshot(tmp_path, busy):
     assert "heavy" not in dropped.stderr and "light" in dropped.stderr
 
 
-FORK_LATE = SPIN + """
+FORK_LATE = SPIN_SAMPLED + """
 import os, sys, time
 spin(0.1)
 pid = os.fork()
@@ -225,7 +225,7 @@ def test_python_m_analyzer_o_follows_the_same_rule(tmp_path, busy):
     assert "digraph" in (tmp_path / "b.dot").read_text()
 
 
-KIDS = SPIN + """
+KIDS = SPIN_SAMPLED + """
 import multiprocessing, os, sys
 
 def mp_child_work():
@@ -268,8 +268,10 @@ def test_subprocesses_profiles_forked_children_in_one_profile_with_a_view_per_pr
         f.name for f in Snapshots.load(tmp_path / "alone.stackshot").frames}
 
 
-EVERY_KIND = SPIN + """
+EVERY_KIND = SPIN_SAMPLED + """
 import multiprocessing, os, subprocess, sys
+import sampling_helpers
+TESTS = os.path.dirname(sampling_helpers.__file__)  # (for the -c child, as for this program)
 
 def spawned_work():
     spin(0.1)
@@ -277,8 +279,8 @@ def spawned_work():
 def forkserved_work():
     spin(0.1)
 
-CHILD = "import sys, time\\ndef run_python_work():\\n    end = time.thread_time() + 0.1\\n" \\
-        "    while time.thread_time() < end: pass\\nrun_python_work()\\n" \\
+CHILD = f"import sys\\nsys.path.append({TESTS!r})\\nfrom sampling_helpers import spin_sampled\\n" \\
+        "def run_python_work():\\n    spin_sampled(0.1)\\nrun_python_work()\\n" \\
         "print(getattr(sys.modules.get('sitecustomize'), 'MINE', 'no own sitecustomize'))"
 
 if __name__ == "__main__":
@@ -327,7 +329,7 @@ def test_without_subprocesses_every_kind_of_child_is_counted_once(tmp_path):
     assert len({r.pid for r in Snapshots.load(saved).runs}) == 1
 
 
-API_KIDS = SPIN + """
+API_KIDS = SPIN_SAMPLED + """
 import multiprocessing, os, sys
 from stackshot import profile, profile_thunk
 
