@@ -166,8 +166,13 @@ static void ss_gc_stop(GCHook *h) {
     h->last_wall[gen] = wall;
     int64_t charged;
     if (h->open_cpu >= 0 && cpu >= 0) {
+        /* no more than the wall time it spans: the CPU clock's reads bracket the wall
+         * clock's, and the kernel charges the thread the interrupts it serves
+         * between them (no IRQ time accounting: 420 us for a 98 us collection, on a
+         * loaded VM) */
         charged = cpu - h->open_cpu;
         if (charged < 0) charged = 0;
+        if (charged > wall) charged = wall;
     } else {
         charged = wall < h->cpu_above_ns ? wall : h->cpu_above_ns;
     }
