@@ -44,10 +44,13 @@ except ImportError:  # the native engine is not built: no addresses needed
     _frame_address = None
 
 _ids = itertools.count(1)
-# id(greenlet) -> its record, while it lives
+# id(greenlet) -> its record (a dead greenlet's until pruned: see _prune)
 _records: dict[int, "GreenletRecord"] = {}
-# address of a live greenlet's outermost frame -> its record (native engine)
+# address of a greenlet's outermost frame -> its record (native engine; a dead
+# greenlet's until pruned or looked up)
 _by_base: dict[int, "GreenletRecord"] = {}
+_PRUNE_AT = 1024
+_prune_at = _PRUNE_AT  # prune the records of dead greenlets when there are this many
 # OS thread ident -> the hook installed in it
 _hooks: dict[int, "SwitchHook"] = {}
 LOG_SIZE = 16384
@@ -81,16 +84,14 @@ class GreenletRecord:
         # first; gevent's spawning_stack, or else its first switcher's stack (the hook)
         self.spawn: tuple = _frames(getattr(g, "spawning_stack", None), _GEVENT_SPAWN_FILES)
         self.base = 0
-        key = id(g)
-
-        def forget(_ref: Any, key: int = key) -> None:
-            rec = _records.get(key)
-            if rec is self:
-                del _records[key]
-            if self.base and _by_base.get(self.base) is self:
-                del _by_base[self.base]
-
-        self.ref = weakref.ref(g, forget)
+        # No callback: a greenlet can die inside a pending call (greenlet frees a
+        # finished thread's greenlets from the main thread's pending calls), and
+        # Python code run there while a profile function is set and another thread
+        # adds a pending call loops forever on 3.11 (the interpreter re-dispatches the
+        # entry of the callback's frame to handle the pending calls it cannot run
+        # from inside one: seen 2 runs in 150 of the use_errortrace stress). Dead
+        # greenlets' records are pruned instead (_prune).
+        self.ref = weakref.ref(g)
 
     def __repr__(self) -> str:
         return f"<greenlet {self.id} {self.name!r} parent={self.parent}>"
@@ -136,10 +137,25 @@ def record_of(g: Any) -> GreenletRecord:
     """The record of greenlet ``g``, made the first time it is asked for."""
     rec = _records.get(id(g))
     if rec is None or rec.ref() is not g:
+        if len(_records) >= _prune_at:
+            _prune()
         rec = _records[id(g)] = GreenletRecord(g)
         for listener in list(new_greenlet_listeners):
             listener(g)
     return rec
+
+
+def _prune() -> None:
+    """Drop the records of dead greenlets; the next prune comes when the records have
+    doubled (amortized: one record looked at per record made)."""
+    global _prune_at
+    for key, rec in list(_records.items()):
+        if rec.ref() is None:
+            del _records[key]
+    for base, rec in list(_by_base.items()):
+        if rec.ref() is None:
+            del _by_base[base]
+    _prune_at = max(_PRUNE_AT, 2 * len(_records))
 
 
 def _bottom(frame: Optional[FrameType]) -> Optional[FrameType]:

@@ -112,11 +112,12 @@ class ThreadGroup:
         _install_start_hook()
         self.name = name or f"group-{id(self):x}"
         self.parent = parent if parent is not None else _current.get()
-        # Weak references to the member threads, in order of joining: a finished
-        # thread goes when nothing else holds it (a reference's callback removes it).
+        # Weak references to the member threads, in order of joining, with no
+        # callback: a thread object often dies as its thread ends, and a callback ran
+        # there as the thread's only frame (the profiler's own code in the profile:
+        # a stress test's churning threads were sampled in it); dead ones go when the
+        # group is pruned.
         self._members: dict[weakref.ref, None] = {}
-        members = self._members
-        self._forget = lambda ref: members.pop(ref, None)
         self._pruned_at = 0
         self._children: list[ThreadGroup] = []
         self._tokens: list[contextvars.Token] = []
@@ -143,7 +144,7 @@ class ThreadGroup:
         self._join(thread)
 
     def _join(self, thread: threading.Thread) -> None:
-        ref = weakref.ref(thread, self._forget)
+        ref = weakref.ref(thread)
         if ref not in self._members:
             self._members[ref] = None
             _changed()
@@ -158,10 +159,12 @@ class ThreadGroup:
         return [t for t in map(weakref.ref.__call__, list(self._members)) if t is not None]
 
     def _prune(self) -> None:
-        # A thread that has finished leaves; one not yet started stays (it may start).
-        for t in self._live_members():
-            if _finished(t):
-                self._discard(t)
+        # A thread that has finished leaves, and one no longer alive as an object;
+        # one not yet started stays (it may start).
+        for ref in list(self._members):
+            t = ref()
+            if (t is None or _finished(t)) and self._members.pop(ref, 0) is None:
+                _changed()
         self._pruned_at = len(self._members)
 
     def threads(self, recursive: bool = True) -> list[threading.Thread]:
@@ -192,6 +195,38 @@ def _finished(t: threading.Thread) -> bool:
     return not t.is_alive()
 
 
+class _WeakGreenlets:
+    """Greenlets held weakly, with no callback: a greenlet can die inside the
+    interpreter's pending calls, where Python code must not run (see
+    ``greenlets.GreenletRecord``), so dead ones are dropped when the set has doubled
+    since it was last pruned, and never seen meanwhile."""
+
+    __slots__ = ("_refs", "_prune_at")
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref] = {}
+        self._prune_at = 16
+
+    def __contains__(self, g: Any) -> bool:
+        ref = self._refs.get(id(g))
+        return ref is not None and ref() is g
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([g for g in (ref() for ref in list(self._refs.values())) if g is not None])
+
+    def add(self, g: Any) -> None:
+        if len(self._refs) >= self._prune_at:
+            for key, ref in list(self._refs.items()):
+                if ref() is None:
+                    self._refs.pop(key, None)
+            self._prune_at = max(16, 2 * len(self._refs))
+        self._refs[id(g)] = weakref.ref(g)
+
+    def discard(self, g: Any) -> None:
+        if g in self:
+            self._refs.pop(id(g), None)
+
+
 class GreenletGroup:
     """Greenlets tracked as one, including those spawned later: a thread group for
     greenlets.
@@ -215,8 +250,8 @@ class GreenletGroup:
         from . import greenlets
 
         self.name = name or f"greenlet-group-{id(self):x}"
-        self._members: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._spawning: "weakref.WeakSet[Any]" = weakref.WeakSet()  # inside ``with group:``
+        self._members = _WeakGreenlets()
+        self._spawning = _WeakGreenlets()  # inside ``with group:``
         self._entered: list[Any] = []
         self._greenlets = greenlets
         self._hook = greenlets.attach()

@@ -542,6 +542,42 @@ def test_a_greenlet_that_reuses_an_ended_ones_frames_gets_none_of_its_samples(sa
         pytest.skip("no greenlet here reused an ended one's frame memory in 3 tries (3.10 frames are objects)")
 
 
+def test_no_code_of_the_sampler_runs_when_a_greenlet_dies():
+    """A greenlet can die inside the interpreter's pending calls (greenlet frees a
+    finished thread's greenlets from the main thread's), and on 3.11 Python code run
+    there, with a profile function set while another thread adds a pending call, loops
+    forever (2 runs in 150 of the use_errortrace stress hung in the switch hook's
+    record callback). So the sampler keeps no Python callback on a greenlet: neither
+    its record nor a group's membership runs any code when it dies."""
+    import sampler as sampler_package
+    from sampler import GreenletGroup
+    from sampler import greenlets as switches
+
+    group = GreenletGroup("jobs")
+    main = greenlet.getcurrent()
+    with group:
+        g = greenlet.greenlet(lambda: main.switch())
+        g.switch()  # started: the hook made its record, and it joined the group
+    assert switches.record_of(g) and g in set(group.greenlets())
+    package = os.path.dirname(sampler_package.__file__)
+    ran = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            ran.append(frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name)
+
+    g.throw(greenlet.GreenletExit)  # finished (the hook runs for this switch)
+    sys.setprofile(profile)
+    try:
+        del g
+        gc.collect()
+    finally:
+        sys.setprofile(None)
+        group.close()
+    assert ran == [], ran
+    assert group.greenlets() == []
+
+
 def test_greenlets_of_a_thread_started_after_the_sampler_get_their_own_shares():
     # The switch hook is per thread: a thread started while a sampler runs gets it
     # as it starts (greenlets.follow_new_threads).  Two greenlets with CPU slices of
