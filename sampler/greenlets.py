@@ -49,7 +49,7 @@ _records: dict[int, "GreenletRecord"] = {}
 # address of a greenlet's outermost frame -> its record (native engine; a dead
 # greenlet's until pruned or looked up)
 _by_base: dict[int, "GreenletRecord"] = {}
-_PRUNE_AT = 1024
+_PRUNE_AT = 256
 _prune_at = _PRUNE_AT  # prune the records of dead greenlets when there are this many
 # OS thread ident -> the hook installed in it
 _hooks: dict[int, "SwitchHook"] = {}
