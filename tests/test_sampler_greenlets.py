@@ -578,6 +578,24 @@ def test_no_code_of_the_sampler_runs_when_a_greenlet_dies():
     assert group.greenlets() == []
 
 
+def test_the_records_of_finished_greenlets_do_not_pile_up():
+    """With no callback on a greenlet, a finished one's record (and its spawn stack)
+    stays until the records are pruned: a server's thousands of short handlers must
+    not keep one each."""
+    from sampler import GreenletGroup
+    from sampler import greenlets as switches
+
+    group = GreenletGroup("many")  # (its switch hook makes a record for each greenlet)
+    try:
+        with group:
+            for _ in range(3000):
+                greenlet.greenlet(lambda: None).switch()
+        gc.collect()
+        assert len(switches._records) <= 2 * switches._PRUNE_AT, len(switches._records)
+    finally:
+        group.close()
+
+
 def test_greenlets_of_a_thread_started_after_the_sampler_get_their_own_shares():
     # The switch hook is per thread: a thread started while a sampler runs gets it
     # as it starts (greenlets.follow_new_threads).  Two greenlets with CPU slices of
