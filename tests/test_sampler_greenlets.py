@@ -578,9 +578,10 @@ def test_no_code_of_the_sampler_runs_when_a_greenlet_dies():
     assert group.greenlets() == []
 
 
-def test_the_records_of_finished_greenlets_do_not_pile_up():
+def test_the_records_of_finished_greenlets_do_not_pile_up(monkeypatch):
     """With no callback on a greenlet, a finished one's record (and its spawn stack)
-    stays until the records are pruned: a server's thousands of short handlers must
+    stays until the records are pruned, which a new record does once the records
+    have doubled since the last prune: a server's thousands of short handlers must
     not keep one each."""
     from sampler import GreenletGroup
     from sampler import greenlets as switches
@@ -588,10 +589,19 @@ def test_the_records_of_finished_greenlets_do_not_pile_up():
     group = GreenletGroup("many")  # (its switch hook makes a record for each greenlet)
     try:
         with group:
-            for _ in range(3000):
-                greenlet.greenlet(lambda: None).switch()
+            done = [greenlet.greenlet(lambda: None) for _ in range(600)]
+            for g in done:
+                g.switch()  # each one finished, all alive at once: 600 records
+        dead = {id(g) for g in done}
+        assert dead <= set(switches._records)
+        del done, g
         gc.collect()
-        assert len(switches._records) <= 2 * switches._PRUNE_AT, len(switches._records)
+        monkeypatch.setattr(switches, "_prune_at", len(switches._records))  # due now
+        with group:
+            fresh = greenlet.greenlet(lambda: None)
+            fresh.switch()  # a new record: the prune runs first
+        assert not any(rec.ref() is None for rec in switches._records.values())
+        assert switches._prune_at == max(switches._PRUNE_AT, 2 * (len(switches._records) - 1))
     finally:
         group.close()
 
