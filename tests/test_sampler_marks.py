@@ -100,6 +100,7 @@ def test_a_sample_filed_late_keeps_the_mark_that_has_ended_since():
     _assert_every_sample_of_carries(ctl.get_snapshots(), "inside", (("r1",),))
 
 
+@pytest.mark.engines("native")  # (the Python engine reads marks under the GIL: no race)
 def test_a_threads_first_mark_is_in_the_samples_of_its_frame():
     """A thread's first mark makes its native mark stack.  A walk that began before it
     existed and read the marked frame found no marks to pair with it (1 run in 30 of
