@@ -387,9 +387,7 @@ class Recorder:
             if ctx.top is not None or ctx.back is not None:
                 kept += 1
             walked.append((target, ctx, cpu_us, frame, sid, marks))
-        if gc_watch is not None and gc_watch.pending:
-            # every collection that ended by now, the CPU clocks read (see above)
-            self.record_gc(gc_watch.take())
+        self._file_collections(gc_watch)  # every one that ended by now, the clocks read
         if kept != len(self._walked):
             self._drop_stale_walks()
         if not walked:
@@ -608,8 +606,7 @@ class Recorder:
         want_marks = self.sample_marks is not None
         for target, frame in targets:
             found = self._tick_target(target, frame, wall_us)
-            if gc_watch is not None and gc_watch.pending:
-                self.record_gc(gc_watch.take())
+            self._file_collections(gc_watch)
             if found is None:
                 continue
             ctx, cpu_us = found
@@ -620,8 +617,7 @@ class Recorder:
                 sid = self._shadow_stack_id(entries)
                 marks = self._walk(ctx, frame)[1] if want_marks else ()
             self._store(ctx, sid, marks, wall_us, cpu_us, frame)
-        if gc_watch is not None and gc_watch.pending:
-            self.record_gc(gc_watch.take())
+        self._file_collections(gc_watch)
         self._drop_stale_walks()
 
     def _shadow_stack_id(self, entries: tuple) -> int:
@@ -648,6 +644,12 @@ class Recorder:
             if ctx.kind == "thread" and ctx.ident == ident:
                 return ctx
         return None
+
+    def _file_collections(self, gc_watch: Any) -> None:
+        """File the collections ``gc_watch`` saw end and this recorder has not filed
+        (a tick calls it once it has read the CPU clocks, see :meth:`record_tick`)."""
+        if gc_watch is not None and gc_watch.pending:
+            self.record_gc(gc_watch.take())
 
     def record_gc(self, events: list, cpu_now_us: Optional[int] = None) -> None:
         """File collections (events of :class:`sampler.gctime.GCWatch`, oldest first),
