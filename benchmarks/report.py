@@ -197,6 +197,16 @@ def render_markdown(result: dict) -> str:
     lines += _table(["workload"] + labels,
                     [[f"`{w}`"] + [_fmt(ws["accuracy"].get(label, {}).get("pooled_error_points"), ".1f")
                                    for label in labels] for w, ws in s.items() if ws["truth"]])
+    lines += ["The error against each profiled run's own clocks (every part's `thread_time` in that "
+              "same run) instead of the no-profiler runs' truth: what the profiler missed of the run it "
+              "watched, whatever the parts' costs drifted between runs (a tracing profiler that slows "
+              "some parts more than others is right here about the run it slowed, and wrong above about "
+              "the program). *none* is the floor under both: how far one no-profiler run strays from the "
+              "truth the others make.", ""]
+    lines += _table(["workload", "none"] + labels,
+                    [[f"`{w}`", _fmt(ws.get("truth_noise_points"), ".1f")]
+                     + [_fmt(ws["accuracy"].get(label, {}).get("own_error_points"), ".1f") for label in labels]
+                     for w, ws in s.items() if ws["truth"]])
     lines += ["TVD of self time against py-spy-1000 on every workload (a second opinion where the truth "
               "is known too):", ""]
     lines += _table(["workload"] + labels,
