@@ -450,7 +450,7 @@ def test_a_function_shorter_than_a_read_gets_its_share():
     away (and read again) every stack whose top changed under it, or that gave a top
     found ended to its caller, starved the short run's function: one sample in 90
     to 700 of the long run's on 3.10-3.13 (nbody's nb_move got 0.5% of the time for
-    py-spy's 10.5%); 1 in 11 to 18 now."""
+    py-spy's 10.5%); 1 in 10 to 18 now."""
     ctl = sampler.create_sampler(threading.current_thread(), 0.001)
     t0 = time.thread_time()
     while ctl._collector._engine.stats()["samples"] < 2000 and time.thread_time() - t0 < 20:
