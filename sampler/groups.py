@@ -74,32 +74,9 @@ def install_start_hook() -> None:
 
         def start(self: threading.Thread) -> None:
             group = _current.get()
-            if group is None:
-                if not start_listeners:
-                    return original(self)
-                return _start_announced(self, original)
-            inner_run = self.run
-
-            def run_in_group() -> None:
-                _current.set(group)
-                try:
-                    notify_started()
-                    inner_run()
-                finally:
-                    # The thread holds this function and it holds the thread: break
-                    # the cycle, so that a program without the cyclic collector does
-                    # not keep every finished thread.
-                    self.__dict__.pop("run", None)
-
-            self.run = run_in_group  # type: ignore[method-assign]
-            group._join(self)
-            try:
-                original(self)
-            except BaseException:
-                self.__dict__.pop("run", None)
-                group._discard(self)
-                raise
-            _changed()  # its ident is known now
+            if group is None and not start_listeners:
+                return original(self)
+            _start_announced(self, original, group)
 
         start.__doc__ = original.__doc__
         start.__wrapped__ = original  # type: ignore[attr-defined]
@@ -107,23 +84,36 @@ def install_start_hook() -> None:
         _original_start = original
 
 
-def _start_announced(thread: threading.Thread, original: Callable[[threading.Thread], None]) -> None:
-    """Start ``thread`` (in no group) so that it announces its start."""
+def _start_announced(thread: threading.Thread, original: Callable[[threading.Thread], None],
+                     group: Optional["ThreadGroup"]) -> None:
+    """Start ``thread`` so that it joins ``group`` (if any) and, as it starts running,
+    makes it its own current group and announces its start."""
     inner_run = thread.run
 
     def run_announced() -> None:
+        if group is not None:
+            _current.set(group)
         try:
             notify_started()
             inner_run()
         finally:
-            thread.__dict__.pop("run", None)  # (the cycle, as in a group's start)
+            # The thread holds this function and it holds the thread: break the
+            # cycle, so that a program without the cyclic collector does not keep
+            # every finished thread.
+            thread.__dict__.pop("run", None)
 
     thread.run = run_announced  # type: ignore[method-assign]
+    if group is not None:
+        group._join(thread)
     try:
         original(thread)
     except BaseException:
         thread.__dict__.pop("run", None)
+        if group is not None:
+            group._discard(thread)
         raise
+    if group is not None:
+        _changed()  # its ident is known now
 
 
 class ThreadGroup:

@@ -110,7 +110,7 @@ def test_threads_true_samples_the_threads_the_thunk_starts():
     assert {"worker_loop", "spin"} <= names(prof)
     assert len(prof.thread_times) == 2
     # the thread group's hook around Thread.start / run is spliced out
-    assert not any("run_in_group" in str(n.id) or "_install_start_hook" in str(n.id)
+    assert not any("run_announced" in str(n.id) or "install_start_hook" in str(n.id)
                    for n in prof.nodes)
 
 
