@@ -48,9 +48,8 @@ def _changed() -> None:
 # Called in a thread as it starts running, when it is a group member, a tracked
 # thread that had not started when tracking began, or any thread started with
 # threading while a listener is registered: an engine that learns of threads only
-# now and then (the native one) sees it from its first instruction (one that waited
-# for its next look missed up to 20 ms of each new thread's CPU: a thread started
-# under ALL_THREADS that computed for 0.13 s was charged 0.11 s).
+# now and then (the native one) sees it from its first instruction (waiting for its
+# next look, every 20 ms, it missed the CPU each new thread used before).
 start_listeners: "set[Callable[[], None]]" = set()
 
 
