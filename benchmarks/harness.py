@@ -585,13 +585,13 @@ def judge_targets(summary: dict) -> list[dict]:
             if ws["truth"]:
                 e, pooled = a.get("error_points"), a.get("pooled_error_points")
                 if e is not None:
-                    seconds = [f"all runs pooled: {pooled:.1f}" if pooled is not None else "",
-                               f"against each run's own clocks: {a['own_error_points']:.1f}"
-                               if a.get("own_error_points") is not None else "",
-                               f"no-profiler runs against each other: {ws['truth_noise_points']:.1f}"
-                               if ws.get("truth_noise_points") is not None else ""]
+                    beside = [f"all runs pooled: {pooled:.1f}" if pooled is not None else "",
+                              f"against each run's own clocks: {a['own_error_points']:.1f}"
+                              if a.get("own_error_points") is not None else "",
+                              f"no-profiler runs against each other: {ws['truth_noise_points']:.1f}"
+                              if ws.get("truth_noise_points") is not None else ""]
                     add(f"attribution error, {c}, {w}", e, f"<= {ERROR_LIMIT:g} points", e <= ERROR_LIMIT,
-                        "; ".join(x for x in seconds if x), c, "attribution", w)
+                        "; ".join(x for x in beside if x), c, "attribution", w)
             elif a.get("tvd_vs_reference") is not None and noise is not None:
                 t = a["tvd_vs_reference"]
                 add(f"TVD vs {REFERENCE}, {c}, {w}", t, f"<= py-spy's own {noise:.1f} + {ERROR_LIMIT:g} points",
