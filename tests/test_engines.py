@@ -3,6 +3,7 @@ each thread really is, even while it holds the GIL."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -489,12 +490,19 @@ def test_threads_started_under_all_threads_are_charged_all_their_cpu(sampler_eng
         spin(0.03)
         measured.append(time.thread_time() - t0)
 
-    ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001)
-    for i in range(10):
-        t = threading.Thread(target=late_worker, name=f"late-{i}")
-        t.start()
-        t.join()
-    ctl.stop()
+    # (no collection in a worker: one that ran before the worker's first sample is
+    # not filed, and CI once had a 50 ms one in the first worker, on 3.12)
+    gc.collect()
+    gc.disable()
+    try:
+        ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001)
+        for i in range(10):
+            t = threading.Thread(target=late_worker, name=f"late-{i}")
+            t.start()
+            t.join()
+        ctl.stop()
+    finally:
+        gc.enable()
     snaps = ctl.get_snapshots()
     weights = sample_weights(snaps, "cpu", interval="end")
     names = [t.name for t in snaps.threads]
