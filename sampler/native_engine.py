@@ -318,6 +318,9 @@ class NativeCollector(Steering):
             "lost_samples": stats["lost_samples"],
             "failed_reads": stats["failed_reads"],
             "unresolved_frames": self._resolver.unresolved,
+            # whether the kernel gave the collector its short slice (the rate with
+            # busy threads depends on it: scribblings/sampler.md)
+            "short_slice": bool(stats.get("short_slice", 0)),
         }
 
     @property
