@@ -117,6 +117,10 @@ def cells() -> list[tuple[str, list[str]]]:
          "for _ in range(100000):\n    if live.refreshes >= 3:\n        break\n    fib(15)\n"
          "live.stop(); ctl('stop')\nprint('refreshed', live.refreshes >= 3, live.error)", []),
         ("%sample -w gpu 1", ["raises-exception"]),
+        # what the %%sample cell's run recorded, for a failure to explain itself (CI
+        # once had its 11 samples charged 0.0 ms of CPU, on 3.12, not seen since)
+        ("print('run', snaps.runs[0].to_dict())\nprint('threads', [tuple(t) for t in snaps.threads])\n"
+         "print('cpu', list(snaps.sample_cpu), 'wall', list(snaps.sample_wall))", []),
     ]
 
 
@@ -155,7 +159,7 @@ def test_cell_magic_shows_flame_graph_inline(notebook):
     nb, _ = notebook
     (out,) = html_of(nb.cells[2])
     assert "stackshot" in out and "samples" in out and "srcdoc=" in out
-    assert "fib" in out and "r<1>" not in out  # the mark value travels escaped
+    assert "fib" in out and "r<1>" not in out, text_of(nb.cells[-1])  # the mark value travels escaped
 
 
 def test_line_magic_prints_text_report(notebook):
@@ -172,7 +176,7 @@ def test_line_magic_writes_an_export(notebook):
 def test_profile_display(notebook):
     nb, _ = notebook
     (out,) = html_of(nb.cells[5])
-    assert "<td>fib</td>" in out
+    assert "<td>fib</td>" in out, text_of(nb.cells[-1])
 
 
 def test_live_view_refreshes_and_draws_last_state(notebook):
