@@ -62,6 +62,7 @@ _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
 ASLEEP = _native.ASLEEP
 ONCPU = _native.ONCPU
 PARKED = _native.PARKED
+PREEMPTED = _native.PREEMPTED
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
 _C_ENTRY = -2  # the "instruction offset" of a C callable's entry on a shadow stack
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
@@ -566,9 +567,11 @@ class NativeCollector(Steering):
             # that kept it (up to 10% of the time of 10 ms sorted() calls filed at
             # their caller's line, under load; engine.c says when the flag is set).
             asleep = bool(flags & ASLEEP)
-            # (in a place it slept in but on a core: computing there, as a C call
+            # (in a place it slept in but on a core, or preempted there without
+            # having blocked since an earlier look: computing there, as a C call
             # does between letting the GIL go and waiting to take it back)
-            waiting = asleep or bool(flags & PARKED) or (raw in slot.slept_in and not flags & ONCPU)
+            waiting = asleep or bool(flags & PARKED) or (
+                raw in slot.slept_in and not flags & (ONCPU | PREEMPTED))
             # (Same greenlet, not only the same outermost frame's address: a greenlet
             # started after another one ended gets its frames' memory, and the dead
             # one's last stack went under the new one when it was first found asleep,

@@ -288,6 +288,10 @@ class Recorder:
                 self.greenlet_spawns[cid] = [list(f) for f in rec.spawn]
         if not rec.named and stack_id:
             self._name_greenlet(rec, gctx, stack_id)
+        elif self.threads[gctx.id].name is not rec.name:
+            # named since its context was made (by the switch hook, at its next
+            # switch: CI had one greenlet in two keep its placeholder name)
+            self.threads[gctx.id] = self.threads[gctx.id]._replace(name=rec.name)
         return gctx
 
     def _name_greenlet(self, rec: GreenletRecord, gctx: _Context, stack_id: int) -> None:

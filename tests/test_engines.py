@@ -4,6 +4,7 @@ each thread really is, even while it holds the GIL."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import subprocess
@@ -551,32 +552,62 @@ def test_a_thread_reading_the_engine_never_holds_up_the_collector():
     assert ticks > (ticks + missed) / 2, f"{ticks} ticks taken, {missed} deadlines missed"
 
 
+_SLICE_CHILD = """
+import json, os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+os.nice(3)  # the program's own choice, which the collector must keep
+import sampler
+tasks = set(os.listdir("/proc/self/task"))
+ctl = sampler.create_sampler(threading.current_thread(), 0.001, engine="native")
+time.sleep(0.05)
+seen = {}
+for tid in set(os.listdir("/proc/self/task")) - tasks:
+    nice = int(open(f"/proc/self/task/{tid}/stat").read().rpartition(")")[2].split()[16])
+    slices = [int(line.split(":")[1]) for line in open(f"/proc/self/task/{tid}/sched") if line.startswith("se.slice")]
+    seen[tid] = [nice, slices[0] if slices else None]
+ctl.stop()
+print(json.dumps({"short_slice": ctl.get_snapshots().runs[0].extra["short_slice"], "threads": seen}))
+"""
+
+
 @pytest.mark.engines("native")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling")
 def test_the_collector_runs_with_a_short_slice_where_the_kernel_has_them():
     """The collector asks for a 0.1 ms time slice, so that a wake-up on a core busy
     with a thread of the program runs its tick at once rather than after that
     thread's slice (8 busy threads, 1 ms: 82-88% of the rate without, 96-99% with).
-    The run says whether the kernel gave it; the kernel's own view of the thread
-    agrees."""
-    tasks = set(os.listdir("/proc/self/task"))
-    ctl = sampler.create_sampler(threading.current_thread(), 0.001)
-    spin(0.02)
-    new = set(os.listdir("/proc/self/task")) - tasks
-    slices = {}
-    for tid in new:
-        try:
-            with open(f"/proc/self/task/{tid}/sched") as f:
-                for line in f:
-                    if line.startswith("se.slice"):
-                        slices[tid] = int(line.split(":")[1])
-        except OSError:
-            pass
-    ctl.stop()
-    given = ctl.get_snapshots().runs[0].extra["short_slice"]
-    if not slices:
+    The run says whether the kernel gave it, the kernel's own view of the thread
+    agrees, and the nice value the program runs at is kept (in a child at nice 3)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _SLICE_CHILD, repo], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    given, threads = result["short_slice"], result["threads"]
+    assert threads and all(nice == 3 for nice, _ in threads.values()), threads
+    slices = [s for _, s in threads.values()]
+    if None in slices:
         pytest.skip("this kernel does not show its threads' slices")
-    assert given == (100_000 in slices.values()), f"short_slice {given}, slices {slices}"
+    assert given == (100_000 in slices), result
     version = re.match(r"(\d+)\.(\d+)", os.uname().release)
     if version and tuple(map(int, version.groups())) >= (6, 12):  # custom slices came in 6.12
-        assert given, f"Linux {os.uname().release} has custom slices; slices {slices}"
+        assert given, f"Linux {os.uname().release} has custom slices: {result}"
+
+
+@pytest.mark.engines("native")
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_call_preempted_while_it_computes_without_the_gil_is_charged_its_cpu():
+    """``hashlib`` beside pure Python, on one core shared with two busy processes
+    (one_core_workload.py). Found runnable but off its core inside ``hashlib``, a
+    place where the thread also waits (for the GIL, after the hash), it used to be
+    taken for a thread woken from that wait, and its CPU went to the pure Python
+    before it. A thread that has not blocked since an earlier look was preempted,
+    not waiting: the hash part is charged its own CPU now."""
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "one_core_workload.py"), "1.0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    measured, charged = result["measured"], result["charged"]
+    truth = measured["hash_part"] / sum(measured.values())
+    share = charged["hash_part"] / max(sum(charged.values()), 1e-9)
+    assert result["samples"] > 200, result
+    assert abs(share - truth) < 0.06, f"hash part charged {share:.2f} of the CPU for {truth:.2f}: {result}"

@@ -4,6 +4,8 @@ single-writer, lock-free reading, with a real writer thread."""
 import threading
 import time
 
+import pytest
+
 from sampler import Frame, RunInfo
 from sampler.recorder import Recorder
 from sampler.tracking import Target
@@ -65,3 +67,26 @@ def test_snapshots_taken_while_the_writer_writes_are_always_consistent():
         done.set()
         t.join()
     assert sizes == sorted(sizes) and sizes[-1] > sizes[0]
+
+
+def test_a_greenlet_named_after_its_first_samples_gets_its_name():
+    # greenlet drops a greenlet's ``run`` as it starts, so one first met running has
+    # no name; a sample with only the switch hook's frame cannot name it either, and
+    # the hook names it at its next switch, after its context was made: the context
+    # must take that name (it kept its placeholder, 'greenlet-<address>').
+    greenlet = pytest.importorskip("greenlet")
+    from sampler.greenlets import GreenletRecord
+
+    g = greenlet.greenlet(lambda: None)
+    g.switch()  # started (and ended): no ``run`` any more
+    record = GreenletRecord(g)
+    assert not record.named and record.name.startswith("greenlet-")
+    rec = Recorder([], time.perf_counter())
+    ctx = rec.context(Target(("ident", 1, None), "worker", None, None, "thread"), None, 0)
+    hook = rec.stack_id([Frame("__call__", "sampler/greenlets.py", 1, 2)])
+    rec.append_sample(ctx, hook, 1000, 500, greenlet=record)
+    assert rec.snapshot(RunInfo()).threads[-1].name == record.name
+    record.name, record.named = "heavy", True  # as greenlets._learn_base does
+    work = rec.stack_id([Frame("heavy", "app.py", 5, 6)])
+    rec.append_sample(ctx, work, 2000, 1500, greenlet=record)
+    assert [t.name for t in rec.snapshot(RunInfo()).threads] == ["worker", "heavy"]

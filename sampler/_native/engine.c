@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,7 +40,7 @@
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 
-enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16 };
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16, SS_PREEMPTED = 32 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
@@ -87,6 +89,8 @@ typedef struct {
     int handed_over;   /* held the GIL in a feeder's turn, not seen holding it again since */
     long tid;          /* the kernel's thread id, 0 when unknown */
     int stat_fd;       /* /proc/self/task/<tid>/stat, opened when first needed; -1 */
+    int status_fd;     /* /proc/self/task/<tid>/status, likewise */
+    long long voluntary;  /* its voluntary context switches when last read; -1 unknown */
 } ss_target;
 
 typedef struct {
@@ -481,21 +485,35 @@ static void append_record(Engine *e, const ss_record *rec, const ss_entry *frame
     e->samples++;
 }
 
+/* Open /proc/self/task/<tid>/<name> once per target (the fd is kept in *fd); -1 when
+ * it cannot be (then the tid is forgotten: never asked again). */
+static int task_file(ss_target *t, int *fd, const char *name) {
+    if (*fd >= 0) return *fd;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/%s", t->tid, name);
+    *fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (*fd < 0) t->tid = 0;
+    return *fd;
+}
+
+/* How many times the thread has blocked (its voluntary context switches), or -1. */
+static long long voluntary_switches(ss_target *t) {
+    if (t->tid <= 0 || task_file(t, &t->status_fd, "status") < 0) return -1;
+    char buf[4096];
+    ssize_t n = pread(t->status_fd, buf, sizeof buf - 1, 0);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    const char *line = strstr(buf, "\nvoluntary_ctxt_switches:");
+    if (line == NULL) return -1;
+    return strtoll(line + sizeof "\nvoluntary_ctxt_switches:" - 1, NULL, 10);
+}
+
 /* Whether the kernel has the thread asleep (waiting for something) rather than on
  * a CPU or waiting for one. A thread whose CPU clock moved since its last sample and
  * that is asleep now ran, then blocked: the CPU went into whatever it did before
  * blocking, not into the call it blocks in. Only asked of threads that ran. */
 static int is_asleep(ss_target *t) {
-    if (t->tid <= 0) return 0;
-    if (t->stat_fd < 0) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/task/%ld/stat", t->tid);
-        t->stat_fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (t->stat_fd < 0) {
-            t->tid = 0;  /* not readable here: never ask again */
-            return 0;
-        }
-    }
+    if (t->tid <= 0 || task_file(t, &t->stat_fd, "stat") < 0) return 0;
     char buf[128];
     ssize_t n = pread(t->stat_fd, buf, sizeof buf - 1, 0);
     if (n <= 0) return 0;
@@ -511,7 +529,8 @@ static int is_asleep(ss_target *t) {
 
 static void close_target(ss_target *t) {
     if (t->stat_fd >= 0) close(t->stat_fd);
-    t->stat_fd = -1;
+    if (t->status_fd >= 0) close(t->status_fd);
+    t->stat_fd = t->status_fd = -1;
 }
 
 /* Replace the frames just walked by the thread's shadow stack, when it has one for
@@ -616,6 +635,20 @@ static void sample_target(Engine *e, ss_target *t) {
      * found in a place where it also waits (a C call that lets the GIL go, then
      * waits to take it back) is computing there only if so. */
     if (!(flags & SS_ASLEEP) && moved) flags |= SS_ONCPU;
+    /* Neither asleep nor on a core: runnable. A thread that has not blocked since an
+     * earlier look (the same count of voluntary context switches) was not waiting in
+     * between, for the GIL or anything else: it was preempted, computing where it is
+     * found, and its CPU goes there (not to where it last ran, as a thread woken from
+     * a wait into a place it also waits in, or parked by the feeder's turn). Seen:
+     * with other work on the thread's core, the io_mix benchmark's hashlib (computing
+     * without the GIL, and waiting for it after) was preempted there and charged as
+     * waiting: 12% of the CPU for 23%. A thread that has blocked since is judged by
+     * the rules below. */
+    if (!(flags & (SS_ASLEEP | SS_ONCPU)) && t->has_last) {
+        long long voluntary = voluntary_switches(t);
+        if (voluntary >= 0 && voluntary == t->voluntary) flags |= SS_PREEMPTED;
+        t->voluntary = voluntary;
+    }
     /* Parked by the hand-off to the feeder: a thread that held the GIL during the
      * feeder's turn with it (from when the feeder's wait ends, so from its request
      * on) hands it over at its first eval-breaker check after the request (right
@@ -634,7 +667,7 @@ static void sample_target(Engine *e, ss_target *t) {
     else if (!in_turn && holds_gil) t->handed_over = 0;
     if (!holds_gil && (flags & SS_ONCPU)) t->handed_over = 0;
     t->held_gil = holds_gil;
-    if (!(flags & (SS_ASLEEP | SS_ONCPU)) && t->handed_over && !holds_gil) flags |= SS_PARKED;
+    if (!(flags & (SS_ASLEEP | SS_ONCPU | SS_PREEMPTED)) && t->handed_over && !holds_gil) flags |= SS_PARKED;
     rec.flags = flags;
     rec.base = base;
     rec.nframes = (uint32_t)depth;
@@ -692,9 +725,16 @@ static int ask_short_slice(void) {
         uint32_t priority;
         uint64_t runtime, deadline, period;  /* runtime: the slice, for SCHED_OTHER */
     } attr;
+    /* (only for a thread of the default policy, and at its own nice value: never a
+     * change of priority, up or down, which the program chose for its threads) */
+    if (sched_getscheduler(0) != SCHED_OTHER) return 0;
+    errno = 0;
+    int nice = getpriority(PRIO_PROCESS, 0);  /* the calling thread's, on Linux */
+    if (nice == -1 && errno != 0) return 0;
     memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
     attr.policy = SCHED_OTHER;
+    attr.nice = nice;
     attr.runtime = 100000;  /* ns: the shortest slice the kernel allows */
     if (syscall(SYS_sched_setattr, 0, &attr, 0) != 0) return 0;
     /* a kernel without custom slices takes the call and ignores the runtime; one with
@@ -986,7 +1026,8 @@ static int parse_target(PyObject *item, ss_target *t) {
     unsigned int ctx;
     long tid = 0;
     memset(t, 0, sizeof *t);
-    t->stat_fd = -1;
+    t->stat_fd = t->status_fd = -1;
+    t->voluntary = -1;
     if (!PyArg_ParseTuple(item, "IKkO|l", &ctx, &tstate, &ident, &clock, &tid)) return -1;
     t->ctx = ctx;
     t->tid = tid;
@@ -1063,7 +1104,9 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
                 if (old->tid == fresh[i].tid) {  /* the same thread: keep its open stat file */
                     fresh[i].stat_fd = old->stat_fd;
-                    old->stat_fd = -1;
+                    fresh[i].status_fd = old->status_fd;
+                    fresh[i].voluntary = old->voluntary;
+                    old->stat_fd = old->status_fd = -1;
                 }
                 break;
             }
@@ -1403,6 +1446,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
     PyModule_AddIntConstant(m, "ONCPU", SS_ONCPU);
     PyModule_AddIntConstant(m, "PARKED", SS_PARKED);
+    PyModule_AddIntConstant(m, "PREEMPTED", SS_PREEMPTED);
     PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");

@@ -1,0 +1,76 @@
+"""A program that shares one core with two busy processes, profiled under ALL_THREADS.
+
+Run as ``python one_core_workload.py SECONDS``: it pins itself (and so every thread
+it starts, the sampler's among them) to one core, starts two busy processes pinned
+to the same core, and repeats two parts, each timed with ``time.thread_time``: pure
+Python (``py_part``) and ``hashlib`` over 64 KiB blocks (``hash_part``, which lets
+the GIL go while it computes and takes it back after).  On one shared core the
+thread is never found on a core by the collector (the collector has the core while
+it reads): every sample that finds it preempted must be judged by the kernel's
+other answers.  Prints one JSON line: each part's measured CPU and what the profile
+charged it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+BLOCKS = [os.urandom(1 << 16) for _ in range(8)]
+
+
+def py_part(n: int) -> int:
+    s = 0
+    for i in range(n):
+        s += (i * 7) % 13
+    return s
+
+
+def hash_part(rounds: int) -> str:
+    h = hashlib.sha256()
+    for _ in range(rounds):
+        for b in BLOCKS:
+            h.update(b)
+    return h.hexdigest()
+
+
+def main(seconds: float) -> None:
+    import sampler
+    from analyzer import sample_weights
+
+    core = min(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {core})
+    busy = [subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+            for _ in range(2)]
+    try:
+        measured = {"py_part": 0.0, "hash_part": 0.0}
+        ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001, engine="native")
+        while sum(measured.values()) < seconds:
+            for fn, arg in ((py_part, 20_000), (hash_part, 4)):
+                t0 = time.thread_time()
+                fn(arg)
+                measured[fn.__name__] += time.thread_time() - t0
+        ctl.stop()
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    snaps = ctl.get_snapshots()
+    charged = {"py_part": 0.0, "hash_part": 0.0}
+    for sid, w in zip(snaps.sample_stack, sample_weights(snaps, "cpu", interval="end")):
+        names = {snaps.frames[i].name for i in snaps.stack(sid)} if sid else set()
+        for part in charged:
+            if part in names:
+                charged[part] += w
+    print(json.dumps({"measured": measured, "charged": charged, "samples": len(snaps)}))
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]))
