@@ -933,13 +933,16 @@ static PyObject *Engine_start(Engine *e, PyObject *unused) {
  * more, and the collector, blocked on the lock meanwhile, misses its deadlines (seen:
  * 8 busy threads, 1 ms, one more thread reading the engine's stats in a loop: 3-24%
  * of the ticks taken, the rest missed). So wait for the lock to be free, let it go,
- * take the GIL back, and try again. */
+ * take the GIL back, and try again; after a few tries keep it (a collector that ticks
+ * back to back, delay 0, leaves it free only between ticks: the wait must end). */
 static void lock_from_python(Engine *e) {
-    while (pthread_mutex_trylock(&e->lock) != 0) {
+    for (int tries = 1; pthread_mutex_trylock(&e->lock) != 0; tries++) {
+        int keep = tries >= 4;
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&e->lock);
-        pthread_mutex_unlock(&e->lock);
+        if (!keep) pthread_mutex_unlock(&e->lock);
         Py_END_ALLOW_THREADS
+        if (keep) return;
     }
 }
 #define LOCK(e) lock_from_python(e)
