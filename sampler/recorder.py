@@ -290,7 +290,8 @@ class Recorder:
             self._name_greenlet(rec, gctx, stack_id)
         elif self.threads[gctx.id].name is not rec.name:
             # named since its context was made (by the switch hook, at its next
-            # switch: CI had one greenlet in two keep its placeholder name)
+            # switch: one greenlet of two kept its placeholder name, once in a
+            # full run of the tests)
             self.threads[gctx.id] = self.threads[gctx.id]._replace(name=rec.name)
         return gctx
 
