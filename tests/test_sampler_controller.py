@@ -3,6 +3,7 @@
 import math
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -26,8 +27,12 @@ def test_samples_a_running_thread_with_its_real_stack():
         snaps = ctl("get-snapshots")
     assert ctl.stopped
     assert {t.name for t in snaps.threads} == {"worker"}
-    names = function_names(snaps, len(snaps) - 1)
-    assert "spin" in names and "hot_loop" in names and names[-1].endswith("_bootstrap")
+    # (most samples, not the last one: the worker spends a little of its time in its
+    # loop's Event.is_set between two calls, where 1 sample in ~2,000 lands, and
+    # CI once had the last one there)
+    stacks = Counter(tuple(function_names(snaps, i)) for i in range(len(snaps)))
+    names = stacks.most_common(1)[0][0]
+    assert names[0] == "spin" and "hot_loop" in names and names[-1].endswith("_bootstrap"), stacks
     # frames carry real files and lines: hot_loop's frame points into this file
     frame = next(f for f in snaps.frames if f.name == "hot_loop")
     assert frame.filename == __file__
