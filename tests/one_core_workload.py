@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -44,11 +43,11 @@ def hash_part(rounds: int) -> str:
 def main(seconds: float) -> None:
     import sampler
     from analyzer import sample_weights
+    from run_helpers import busy_processes_on
 
     core = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {core})
-    busy = [subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
-            for _ in range(2)]
+    busy = busy_processes_on(core, 2)
     try:
         measured = {"py_part": 0.0, "hash_part": 0.0}
         ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001, engine="native")

@@ -40,3 +40,13 @@ def spin(cpu_seconds: float) -> int:
 
 SPIN_SOURCE = "\nimport time\n" + inspect.getsource(spin)
 """The source of :func:`spin` (with its import), to start a script run in a subprocess."""
+
+
+def busy_processes_on(core: int, count: int) -> list:
+    """Start ``count`` processes that spin on ``core`` alone (kill them when done):
+    work that shares one core with the code under test, so that it is preempted."""
+    import subprocess
+    import sys
+
+    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]

@@ -19,7 +19,7 @@ import sampler
 from analyzer import analyze_samples, sample_weights
 from sampler import engines
 
-from run_helpers import spin
+from run_helpers import busy_processes_on, spin
 
 EXPECT_NO_NATIVE = os.environ.get("STACKSHOT_EXPECT_NO_NATIVE") == "1"
 
@@ -304,7 +304,7 @@ def _flags_inside_calls(call, where: str, times: int = 3) -> list:
     it makes, parked there for real: CI once had one at the start, on 3.10), as
     ``(flags, µs of CPU into the call, µs before its end)``."""
     core = min(os.sched_getaffinity(0))
-    hog = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+    (hog,) = busy_processes_on(core, 1)
     go = threading.Event()
     spans = []  # the thread's CPU clock (ns) around each call
 
