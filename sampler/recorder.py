@@ -161,11 +161,15 @@ class Recorder:
 
     def stack_id(self, frames: Sequence[Frame]) -> int:
         """Intern a stack of already-resolved frames, outermost first (0 if empty)."""
-        trie = self._trie
-        sid = 0
-        for frame in frames:
-            sid = trie.stack_id(sid, trie.frame_id(Frame(*frame)))
-        return sid
+        return self.path_id([self.frame_id(frame) for frame in frames])
+
+    def frame_id(self, frame: Frame) -> int:
+        """Intern an already-resolved frame."""
+        return self._trie.frame_id(Frame(*frame))
+
+    def path_id(self, frame_ids: Sequence[int]) -> int:
+        """Intern a stack of interned frames, outermost first (0 if empty)."""
+        return self._trie.path_id(frame_ids)
 
     def mark_set_id(self, marks: tuple) -> int:
         """Intern a tuple of per-extent mark vectors, innermost first (0 for ``()``)."""
