@@ -119,3 +119,59 @@ def pooled(runs: Iterable[Mapping[str, float]]) -> dict:
         for k, v in r.items():
             out[k] += v
     return dict(out)
+
+
+def share_bias(profiled: Sequence[Mapping[str, float]], truth: Sequence[Mapping[str, float]],
+               parts: Sequence[str], paired: bool = False) -> Optional[dict]:
+    """How far a profiler's shares sit from the truth's, part by part, in points, with
+    the standard error of that difference: the profiler's bias, told from noise.
+
+    One run's error mixes the bias with sampling noise (a 5 ms profile of a 1 s run
+    has 200 samples: a share of one half is off by 3.5 points, one standard
+    deviation, with no bias at all) and with the truth's own drift between runs. The
+    mean over runs keeps the bias and shrinks the noise by the square root of the
+    runs; the standard error says by how much. ``truth``: the no-profiler runs'
+    shares (independent of the profiled runs), or, with ``paired``, each profiled
+    run's own clocks (one per profiled run, in the same order: the difference is
+    taken run by run, so the truth's drift between runs drops out).
+
+    Returns ``{"points": largest |difference|, "part": its part, "parts": {part:
+    [difference, standard error or None]}}``, or None without runs on both sides."""
+    if not profiled or not truth or (paired and len(profiled) != len(truth)):
+        return None
+    out: dict = {"parts": {}}
+    for k in parts:
+        x = [100 * s.get(k, 0.0) for s in profiled]
+        y = [100 * s.get(k, 0.0) for s in truth]
+        if paired:
+            diffs = [a - b for a, b in zip(x, y)]
+            d = sum(diffs) / len(diffs)
+            se = (_variance(diffs) / len(diffs)) ** 0.5 if len(diffs) > 1 else None
+        else:
+            d = sum(x) / len(x) - sum(y) / len(y)
+            se = ((_variance(x) / len(x) + _variance(y) / len(y)) ** 0.5
+                  if len(x) > 1 and len(y) > 1 else None)
+        out["parts"][k] = [d, se]
+    worst = max(out["parts"], key=lambda k: abs(out["parts"][k][0]))
+    out["points"], out["part"] = abs(out["parts"][worst][0]), worst
+    return out
+
+
+def within_limit(bias: Optional[dict], limit: float, z: float = 2.0) -> Optional[bool]:
+    """Whether ``bias`` (:func:`share_bias`) is within ``limit`` points beyond its noise:
+    True when every part's difference is, even ``z`` standard errors out; False when
+    some part's is beyond it, even ``z`` standard errors in; None when noise leaves it
+    open (or a standard error is unknown)."""
+    if bias is None:
+        return None
+    ses = [se for _, se in bias["parts"].values()]
+    if all(se is not None for se in ses) and all(abs(d) + z * se <= limit for d, se in bias["parts"].values()):
+        return True
+    if any(se is not None and abs(d) - z * se > limit for d, se in bias["parts"].values()):
+        return False
+    return None
+
+
+def _variance(xs: Sequence[float]) -> float:
+    mean = sum(xs) / len(xs)
+    return sum((v - mean) ** 2 for v in xs) / (len(xs) - 1)

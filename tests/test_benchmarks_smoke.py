@@ -101,6 +101,35 @@ def test_attribution_reduces_stacks_and_tables():
     assert abs(attribution.max_error_points({"a": 0.3}, {"a": 0.25}) - 5.0) < 1e-9
 
 
+def test_attribution_tells_a_bias_from_sampling_noise():
+    """The attribution verdict: a bias within the limit even two standard errors out
+    meets it, one beyond it even two standard errors in falls short, and one that
+    noise could put on either side stays open."""
+    sys.path.insert(0, REPO)
+    from benchmarks import attribution
+
+    truth = [{"a": 0.50, "b": 0.50}, {"a": 0.52, "b": 0.48}, {"a": 0.48, "b": 0.52}]
+
+    def runs(*a_shares):
+        return [{"a": x, "b": 1 - x} for x in a_shares]
+
+    steady = attribution.share_bias(runs(0.505, 0.51, 0.505), truth[:1] * 3, ("a", "b"), paired=True)
+    assert abs(steady["points"] - 0.667) < 0.01 and steady["part"] in ("a", "b")
+    assert attribution.within_limit(steady, 2.0) is True
+    biased = attribution.share_bias(runs(0.55, 0.56, 0.555), truth[:1] * 3, ("a", "b"), paired=True)
+    assert attribution.within_limit(biased, 2.0) is False
+    noisy = attribution.share_bias(runs(0.45, 0.56, 0.50), truth[:1] * 3, ("a", "b"), paired=True)
+    assert attribution.within_limit(noisy, 2.0) is None
+    # unpaired: the truth's own spread counts too (its mean is 50 points)
+    unpaired = attribution.share_bias(runs(0.51, 0.51, 0.51), truth, ("a", "b"))
+    d, se = unpaired["parts"]["a"]
+    assert abs(d - 1.0) < 1e-9 and abs(se - 2 / 3 ** 0.5) < 1e-9
+    assert attribution.within_limit(unpaired, 2.0) is None
+    # paired runs must pair up; one run has no standard error
+    assert attribution.share_bias(runs(0.5), truth, ("a", "b"), paired=True) is None
+    assert attribution.within_limit(attribution.share_bias(runs(0.5), truth[:1], ("a", "b"), paired=True), 2.0) is None
+
+
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
     """``gc_heavy``: stackshot's ``<gc>`` time against the workload's own gc.callbacks timing."""
     result, md = _smoke(tmp_path, "--workloads", "gc_heavy")
