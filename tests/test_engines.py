@@ -471,8 +471,10 @@ def test_stacks_are_named_right_while_the_engines_caches_are_forgotten(frame_ids
     t = threading.Thread(target=alternate)
     t.start()
     try:
-        ctl = sampler.create_sampler(t, 0.001)
         from sampling_helpers import wait_until
+        # (sampled from inside its loop: no sample of it on its way in)
+        wait_until(lambda: sys._current_frames()[t.ident].f_code.co_name in ("_nest_b", "_nest_d"))
+        ctl = sampler.create_sampler(t, 0.001)
         wait_until(lambda: len(ctl.get_snapshots()) >= 200)
         ctl.stop()
     finally:
