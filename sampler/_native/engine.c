@@ -425,9 +425,23 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
     *base = 0;
     *flags = 0;
     int steps = 0;
+    /* A torn read can link frames into a cycle. Followed to the step bound, one
+     * read a frame where the frames are not in a copied chunk, it cost 65 ms of
+     * system calls (3.13, a thread forking: ticks missed for 70 ms, a 50 ms profile
+     * left with no sample). Brent's check ends it within twice the cycle's length:
+     * the address at each power-of-two step is kept, and meeting it again is a
+     * cycle (a real chain never holds a frame twice). */
+    uintptr_t seen = 0;
+    int since_seen = 0, next_keep = 1;
     char own[SS_FRAME_SIZE];
     while (addr != 0) {
-        if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a cycle: a torn read */
+        if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a chain too long to be real */
+        if (addr == seen) return -2;                /* a cycle: a torn read */
+        if (++since_seen == next_keep) {
+            seen = addr;
+            since_seen = 0;
+            next_keep <<= 1;
+        }
         const char *bytes = frame_bytes(e, &r, addr, own);
         if (bytes == NULL) return -2;
         ss_frame f;
