@@ -372,8 +372,11 @@ def summarise(raw: dict, configs: list[str]) -> dict:
                                                   "median_pair_tvd": _median(pair_tvds)}}
         if truth and w == "function_bias":
             ws["calibrated_truth"] = raw["params"][w].get("calibrated_share")
+        # each no-profiler run's shares (runs that timed nothing left out)
+        truth_runs = [x for x in (attribution.shares(r["parts_seconds"], module.PARTS)
+                                  for r in base_runs) if x is not None] if truth else []
         if truth:
-            ws["truth_noise_points"] = _truth_noise(base_runs, module.PARTS)
+            ws["truth_noise_points"] = _truth_noise(truth_runs, module.PARTS)
         base_elapsed = _median([r["elapsed"] for r in base_runs])
         # The noise floor of a slowdown: the same ratio between two consecutive
         # no-profiler runs, which should be 1.
@@ -454,8 +457,6 @@ def summarise(raw: dict, configs: list[str]) -> dict:
                         q = attribution.shares(attribution.pooled(refs)) if refs else None
                         if p is not None and q is not None:
                             acc["tvd"].append(attribution.tvd_points(p, q))
-            truth_runs = [x for x in (attribution.shares(r["parts_seconds"], module.PARTS)
-                                      for r in base_runs) if x is not None] if truth else []
             for label, acc in per_variant.items():
                 pooled_error = None
                 if acc["pooled"]:
@@ -484,15 +485,15 @@ def summarise(raw: dict, configs: list[str]) -> dict:
     return summary
 
 
-def _truth_noise(base_runs: list, parts: tuple) -> Optional[float]:
-    """How far one no-profiler run's shares stray from the truth the others make
-    (median over runs, in points): the floor under any profiler's error against the
-    truth, on a machine where the parts' costs drift from run to run."""
-    shares = [attribution.shares(r["parts_seconds"], parts) for r in base_runs]
+def _truth_noise(shares: list, parts: tuple) -> Optional[float]:
+    """How far one no-profiler run's shares (``shares``, one map per run) stray from
+    the truth the others make (median over runs, in points): the floor under any
+    profiler's error against the truth, on a machine where the parts' costs drift
+    from run to run."""
     errors = []
     for i, mine in enumerate(shares):
-        others = [x for j, x in enumerate(shares) if j != i and x is not None]
-        if mine is None or not others:
+        others = [x for j, x in enumerate(shares) if j != i]
+        if not others:
             continue
         rest = attribution.shares(attribution.pooled(others), parts)
         if rest is not None:
@@ -635,7 +636,7 @@ def _bias_text(what: str, bias: Optional[dict]) -> str:
     """``what: 1.2 ± 0.8 (part)``: a bias with two standard errors, its part named."""
     if bias is None:
         return ""
-    d, se = bias["parts"][bias["part"]]
+    se = bias["parts"][bias["part"]][1]
     return f"{what}: {bias['points']:.1f}" + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)"
 
 

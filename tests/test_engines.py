@@ -449,6 +449,25 @@ def _nest_d(end: float) -> None:
         pass
 
 
+def _samples_of(work, done: threading.Event, samples: int, ready=None):
+    """The snapshots of a thread running ``work`` (until ``done``), sampled at 1 ms
+    from when ``ready(thread)`` holds until they hold ``samples`` samples."""
+    from sampling_helpers import wait_until
+
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        if ready is not None:
+            wait_until(lambda: ready(t))
+        ctl = sampler.create_sampler(t, 0.001)
+        wait_until(lambda: len(ctl.get_snapshots()) >= samples)
+        ctl.stop()
+    finally:
+        done.set()
+        t.join()
+    return ctl.get_snapshots()
+
+
 @pytest.mark.engines("native")
 @pytest.mark.parametrize("frame_ids", [2, None])
 def test_stacks_are_named_right_while_the_engines_caches_are_forgotten(frame_ids, monkeypatch):
@@ -468,19 +487,9 @@ def test_stacks_are_named_right_while_the_engines_caches_are_forgotten(frame_ids
             _nest_a(time.perf_counter() + 0.003)
             _nest_c(time.perf_counter() + 0.003)
 
-    t = threading.Thread(target=alternate)
-    t.start()
-    try:
-        from sampling_helpers import wait_until
-        # (sampled from inside its loop: no sample of it on its way in)
-        wait_until(lambda: sys._current_frames()[t.ident].f_code.co_name in ("_nest_b", "_nest_d"))
-        ctl = sampler.create_sampler(t, 0.001)
-        wait_until(lambda: len(ctl.get_snapshots()) >= 200)
-        ctl.stop()
-    finally:
-        done.set()
-        t.join()
-    snaps = ctl.get_snapshots()
+    # (sampled from inside its loop: no sample of it on its way in)
+    snaps = _samples_of(alternate, done, 200, ready=lambda t: sys._current_frames()[t.ident].f_code.co_name
+                        in ("_nest_b", "_nest_d"))
     lines = {f.__name__: range(f.__code__.co_firstlineno, f.__code__.co_firstlineno + 3)
              for f in (_nest_a, _nest_b, _nest_c, _nest_d)}
     first = alternate.__code__.co_firstlineno
@@ -525,17 +534,7 @@ def test_a_thread_in_nested_generators_is_read_whole_in_nearly_every_tick():
         while not done.is_set():
             json.dump(doc, io.StringIO())
 
-    t = threading.Thread(target=encode)
-    t.start()
-    try:
-        ctl = sampler.create_sampler(t, 0.001)
-        from sampling_helpers import wait_until
-        wait_until(lambda: len(ctl.get_snapshots()) >= 1000)
-        ctl.stop()
-    finally:
-        done.set()
-        t.join()
-    run = ctl.get_snapshots().runs[0]
+    run = _samples_of(encode, done, 1000).runs[0]
     assert run.torn_samples <= 0.05 * run.ticks, (run.torn_samples, run.ticks)
 
 
