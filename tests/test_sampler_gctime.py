@@ -290,6 +290,32 @@ def test_hook_events_match_a_users_own_callback(native):
         assert len(stack) >= 2 and all(isinstance(lasti, int) and lasti >= 0 for _, lasti in stack)
 
 
+@pytest.mark.parametrize("native", HOOKS)
+def test_taking_the_events_ends_when_a_collection_follows_every_allocation(native):
+    """With ``gc.set_threshold(1)`` every allocation is a collection, and the C
+    hook's take() allocates a tuple per event: each event taken logged another one,
+    from the thread taking them, and take() never returned. It returns what was
+    there when it began, and the rest waits for the next take. (The Python twin
+    allocates no tracked object per event, but it too took until none was left:
+    in a full test run its feeder was found inside it, with the process at 17 GB,
+    while a test held the threshold at 1 and that thread logged events.)"""
+    watch = _watch(native)
+    watch.install()
+    thresholds = gc.get_threshold()
+    try:
+        _collect_here(10)
+        gc.set_threshold(1)
+        try:
+            taken = watch.take()
+        finally:
+            gc.set_threshold(*thresholds)
+        later = watch.take()
+    finally:
+        watch.remove()
+    assert 10 <= len(taken) < 100, len(taken)
+    assert later or not native  # the collections of the first take itself, taken by the next
+
+
 class _Init:
     def __init__(self, k: int) -> None:
         self.k = k
