@@ -19,7 +19,7 @@ from .graph import NodeInfo, StackRow, build_graph
 from .markfilter import MISSING, MarkFilter, key_position, mark_set_filter, value_of
 from .model import UNITS, Profile
 from .rawshape import is_raw_shape, read_raw
-from .weights import CLOCKS, INTERVALS, SCALE, resolve_interval, sample_weights
+from .weights import CLOCKS, INTERVALS, SCALE, clock_deltas, resolve_interval, sample_weights
 
 __all__ = ["analyze_samples", "analyze_by_mark", "sample_weights", "WEIGHTS", "GRANULARITIES",
            "INTERVALS"]
@@ -51,13 +51,17 @@ def analyze_samples(
     costs nothing) or ``'wall'`` (where threads *wait* too).  ``granularity``:
     ``'function'`` or ``'line'`` (one node per line executed).  ``interval``: how
     the time between two samples of a thread is shared -- ``'end'`` (all of it to
-    the sample that ends it) or ``'midpoint'`` (Racket's rule: half to each).  The
-    default, ``None``, is the input's natural rule: ``'end'`` for snapshots, because
-    a long GIL-holding C call delays the next sample, which then shows the caller
-    right after the call, and ``'midpoint'`` would give half of that long interval to
-    the sample before, which was elsewhere (measured, workload ``gil_call``: 20-24
-    points of attribution error with ``'midpoint'``, 0.3-2.9 with ``'end'``);
-    ``'midpoint'`` for the raw shape, so Racket's examples give Racket's numbers.
+    the sample that ends it), ``'midpoint'`` (Racket's rule: half to each),
+    ``'split'`` (half to each where the thread ran through the interval, all to the
+    sample that ends it where it woke in between) or ``'active'``.  The default,
+    ``None``, is the input's natural rule: ``'split'`` for snapshots of the native
+    engine, whose samples are where each thread really was; ``'end'`` for the
+    Python engine's, because its samples land late (a long GIL-holding C call
+    delays the next sample, which then shows the caller right after the call, and
+    an even split would give half of that long interval to the sample before,
+    which was elsewhere: workload ``gil_call``, 20-24 points of attribution error
+    with ``'midpoint'``, 0.3-2.9 with ``'end'``); ``'midpoint'`` for the raw shape,
+    so Racket's examples give Racket's numbers.
     ``Profile.interval`` records the rule used (:mod:`analyzer.weights` has the
     edge cases: single-sample threads, first samples, idle samples).
     ``threads``: ids, names, or a predicate on :class:`~sampler.snapshot.ThreadInfo`
@@ -73,7 +77,8 @@ def analyze_samples(
     _check_options(weight, granularity, interval)
     check_gc(gc_frames)
     value = _recognise(samples)
-    interval = resolve_interval(interval, raw=isinstance(value, tuple))
+    raw = isinstance(value, tuple)
+    interval = resolve_interval(interval, raw=raw, snapshots=None if raw else value)
     if isinstance(value, tuple):  # the raw shape
         with _paused_gc():
             return _analyze_raw(value, weight=weight, granularity=granularity,
@@ -81,6 +86,9 @@ def analyze_samples(
     if unit not in (None, "s"):
         raise ValueError(f"unit= applies to the raw shape only; snapshot times are seconds, "
                          f"not {unit!r}")
+    # (the weights come from the samples as taken: 'split' and 'active' look at which
+    # samples are collections or idle, and 'hide' makes a collection's sample idle)
+    deltas = clock_deltas(value, weight, interval)
     value = place_gc(value, gc_frames)
     wanted = _snapshot_threads(threads, value.threads)
     groups_of = None
@@ -89,7 +97,7 @@ def analyze_samples(
         groups_of = [None if k else MISSING for k in keep]
     with _paused_gc():
         groups = aggregate(value, clock=weight, interval=interval, threads=wanted,
-                           group_of_mark_set=groups_of)
+                           group_of_mark_set=groups_of, deltas=deltas)
         profile = _snapshot_profile(value, groups.get(None), weight, granularity, interval)
     if threads is None and marks is None:
         profile.source = value
@@ -111,13 +119,13 @@ def analyze_by_mark(
     samples outside every extent of ``key`` are left out.  Each sample keeps the
     weight it has in the whole thread, so the profiles add up to the marked part of
     ``analyze_samples(samples)``.  Values must be hashable.  ``interval=None`` is
-    ``'end'``, as for snapshots in :func:`analyze_samples`.
+    the snapshots' natural rule, as in :func:`analyze_samples`.
     """
     _check_options(weight, granularity, interval)
     value = _recognise(samples)
     if isinstance(value, tuple):
         raise ValueError("analyze_by_mark() needs snapshots: the raw shape carries no marks")
-    interval = resolve_interval(interval)
+    interval = resolve_interval(interval, snapshots=value)
     pos = key_position(key, value.custom_keys)
     group_of = []
     for ms in value.mark_sets:

@@ -6,8 +6,10 @@ stack).  Keys are built by C-level ``map`` passes over the columns, and the one
 Python loop indexes a flat list, so a million samples cost a fraction of a second
 whatever the number of threads.  Everything after works on distinct keys.
 
-The ``'end'`` rule (the default for snapshots) adds each sample's delta -- the gap
-that ends at it -- to its own key; a thread's first sample has delta 0.
+The ``'end'`` rule adds each sample's delta -- the gap that ends at it -- to its own
+key; a thread's first sample has delta 0.  ``'active'`` and ``'split'`` (the native
+engine's default) move deltas between samples first (``weights.clock_deltas``), then
+add them as ``'end'`` does.
 
 The midpoint rule, in doubled units so halves stay integers: the gap ``d`` that
 ends at a sample is charged ``d`` to it and ``d`` to the previous sample of the same
@@ -54,6 +56,7 @@ def aggregate(
     interval: str,
     threads: Optional[set] = None,
     group_of_mark_set: Optional[Sequence[Hashable]] = None,
+    deltas: Optional[Sequence[int]] = None,
 ) -> dict[Hashable, Group]:
     """Sum weights per (group, thread, stack); weights stay integers (``weights.SCALE``).
 
@@ -62,9 +65,12 @@ def aggregate(
     ``threads`` limits the threads.  A sample keeps the weight it has in its whole
     thread, whichever samples around it are dropped.  Idle samples (stack 0) are
     weighted -- they bound their neighbours' intervals -- but add nothing to any row,
-    thread time or sample count.
+    thread time or sample count.  ``deltas``: what ``weights.clock_deltas`` gives
+    for these samples, when already known (from them before their collections were
+    moved: ``gcview.place_gc``).
     """
-    deltas = clock_deltas(snapshots, clock, interval)
+    if deltas is None:
+        deltas = clock_deltas(snapshots, clock, interval)
     thread_col, stack_col = snapshots.sample_thread, snapshots.sample_stack
     n = len(thread_col)
     n_stacks = len(snapshots.stack_frame)
@@ -127,7 +133,7 @@ def aggregate(
         else:
             for k, w in zip(keys, weights):
                 acc[k] += w
-    elif interval != "midpoint":  # 'end', and 'active' on its moved deltas
+    elif interval != "midpoint":  # 'end', and 'active' and 'split' on their moved deltas
         for k, d in zip(keys, deltas):
             acc[k] += d
         single = _single_sample_threads(thread_col, wanted)

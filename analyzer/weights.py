@@ -28,6 +28,28 @@ of a thread (an *interval*) has to be given to someone.  Two rules:
     busy machine, and then moves CPU where it does not belong (measured on the
     ``bursty`` workload under load). Under wall-clock weighting it is ``'end'``.
 
+``'split'``
+    Racket's even split, for the CPU the thread ran through: an interval from a
+    sample where the thread was running to the next is split evenly between the
+    two, and an interval that starts where the thread was waiting (a sample that
+    ends an interval without CPU: asleep, or found where it waits, or its first
+    sample) goes wholly to the sample that ends it, as under ``'end'``. A
+    collection's sample (``<gc>``) weighs exactly its own CPU, and the run it
+    interrupted goes on around it. The split is made within one thread or greenlet:
+    an interval in which the thread switched greenlets goes wholly to the greenlet
+    found after it, as under ``'end'`` (which half belongs to whom is not known
+    there: see ``scribblings/greenlets.md``). Where the work changes between two samples (one
+    function returns, the next is called), the change is as likely early as late,
+    so half the interval is what each side is owed on average; ``'end'`` gives it
+    all to the later side, and that leans wherever a function mostly starts after a
+    wait and hands over to another one: a handler woken by a request that parses
+    for 1 ms and then responds for 1 ms, sampled every millisecond, is charged a
+    quarter of the handler's CPU for parsing under ``'end'`` (half under
+    ``'split'``). The native engine's samples are where the thread really was, and
+    it files a thread found asleep as waiting, so this is its snapshots' default;
+    the Python engine's samples land late (see below), and an even split would move
+    CPU onto the samples before them. Under wall-clock weighting it is ``'end'``.
+
 Why not one rule: in CPython a thread inside a long C call (``sorted`` of a big list, a
 pathological regex) holds the GIL, so the collector cannot run until the call
 returns; the late sample shows where the thread is *after* the call, still in the
@@ -36,9 +58,11 @@ function that made it.  The midpoint rule gives half of that long interval to th
 workload ``gil_call``): 20--24 points of attribution error with ``'midpoint'``,
 0.3--2.9 with ``'end'``; on every other workload the rules agree within noise.
 
-Defaults (``interval=None``, "the input's natural rule", :func:`resolve_interval`):
-``'end'`` for ``Snapshots``, ``'midpoint'`` for Racket's raw shape (so Racket's own
-examples give Racket's numbers).
+Defaults (``interval=None``, "the input's natural rule", :func:`natural_interval`):
+``'split'`` for ``Snapshots`` taken by the native engine alone, ``'end'`` for other
+``Snapshots`` (the Python engine's, allocation samples, a merge that mixes engines),
+``'midpoint'`` for Racket's raw shape (so Racket's own examples give Racket's
+numbers).
 
 Edge cases (:func:`sample_weights`, ``fromsnapshots.aggregate`` and ``rawshape``
 handle them alike; the raw shape has no idle markers -- a raw sample without frames
@@ -68,39 +92,62 @@ from itertools import compress
 from operator import add
 from typing import Any, Iterator, Optional, Sequence
 
-INTERVALS = ("midpoint", "end", "active")
-NATURAL_INTERVAL = {"snapshots": "end", "raw": "midpoint"}
+from sampler.gctime import is_gc_frame
+
+INTERVALS = ("midpoint", "end", "active", "split")
+NATURAL_INTERVAL = {"snapshots": "end", "native": "split", "raw": "midpoint"}
 """The rule ``interval=None`` stands for, by input: see the module docstring."""
 CLOCKS = ("cpu", "wall")
-SCALE = {"midpoint": 0.5e-6, "end": 1e-6, "active": 1e-6}
+SCALE = {"midpoint": 0.5e-6, "end": 1e-6, "active": 1e-6, "split": 0.5e-6}
+"""Seconds per weight unit, for weights of snapshot deltas (integer microseconds;
+half microseconds for the rules that halve intervals)."""
 IDLE_FRACTION = 0.1
 """Below this share of CPU over the next interval, a thread counts as idle after a sample."""
-"""Seconds per weight unit, for weights of snapshot deltas (integer microseconds)."""
 
 _FEW_THREADS = 6  # up to this many, split columns with C-speed passes per thread
 
 
-def resolve_interval(interval: Optional[str], *, raw: bool = False) -> str:
+def resolve_interval(interval: Optional[str], *, raw: bool = False,
+                     snapshots: Any = None) -> str:
     """The rule to use: ``interval`` itself, or for ``None`` the input's natural rule
-    (``'end'`` for snapshots, ``'midpoint'`` for the raw shape, ``raw=True``).
+    (:func:`natural_interval` of ``snapshots``, ``'end'`` for snapshots not given,
+    ``'midpoint'`` for the raw shape, ``raw=True``).
 
     An unknown rule is a ``ValueError`` naming the valid ones.
     """
     if interval is None:
-        return NATURAL_INTERVAL["raw" if raw else "snapshots"]
+        if raw:
+            return NATURAL_INTERVAL["raw"]
+        return NATURAL_INTERVAL["snapshots"] if snapshots is None else natural_interval(snapshots)
     if interval not in INTERVALS:
         raise ValueError(f"interval must be one of {', '.join(map(repr, INTERVALS))}, "
                          f"not {interval!r}")
     return interval
 
 
+def natural_interval(snapshots: Any) -> str:
+    """The rule ``interval=None`` stands for on ``snapshots``: ``'split'`` when the
+    native engine took every one of its runs' samples, else ``'end'`` (see the
+    module docstring for why the engines differ)."""
+    runs = getattr(snapshots, "runs", ())
+    if runs and all(getattr(r, "engine", "") == "native" for r in runs):
+        return NATURAL_INTERVAL["native"]
+    return NATURAL_INTERVAL["snapshots"]
+
+
 def clock_deltas(snapshots: Any, clock: str, interval: str) -> Sequence[int]:
     """The per-sample deltas that rule ``interval`` charges, as ``'end'`` would charge
     them: for ``'active'`` CPU, each interval that ends where its thread went idle is
-    moved onto the sample before it (see the module docstring)."""
+    moved onto the sample before it; for ``'split'``, doubled, with half of each
+    interval the thread ran through moved onto the sample before it (see the module
+    docstring)."""
     if clock != "cpu":
+        if interval == "split":
+            return [2 * d for d in snapshots.wall_deltas()]
         return snapshots.wall_deltas()
     cpu = snapshots.cpu_deltas()
+    if interval == "split":
+        return _split_charges(snapshots, cpu)
     if interval != "active":
         return cpu
     wall = snapshots.wall_deltas()
@@ -119,6 +166,50 @@ def clock_deltas(snapshots: Any, clock: str, interval: str) -> Sequence[int]:
                 out[j] = 0
             before[t] = j
         last[t] = i
+    return out
+
+
+def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
+    """Twice what ``'split'`` charges each sample (integers: halves stay exact).
+
+    One pass in sample order. Each context (a thread, or a greenlet) has the sample
+    where it was last seen running: a sample that ends an interval with CPU shares
+    it with that one, then is the context's running sample. One without CPU where
+    the sample before it had another stack ends the run: the thread moved without
+    running, so it is where it waits (the native engine files a thread found
+    asleep as its run up to then, then the wait with no CPU). One without CPU in
+    the stack of the sample before leaves the run as it is: the thread did not
+    run in between, preempted on a busy machine as often as asleep (taken for a
+    wait, a thread preempted in the middle of one function for a whole interval
+    gave the interval after it wholly to the next one: the handler test's parser
+    got 33-46% of the CPU for 50% beside two busy processes). A sample without a
+    stack ends the run (a greenlet switched out, or resuming: the interval after
+    it is the greenlet's own). A ``<gc>`` sample keeps its own delta and leaves
+    the run as it is (a collection's CPU was taken out of the interval around it).
+    """
+    stacks = snapshots.sample_stack
+    frames = snapshots.frames
+    gc_stacks = {sid for sid, fid in enumerate(snapshots.stack_frame)
+                 if sid and is_gc_frame(frames[fid])}
+    out = [2 * d for d in cpu]
+    running: dict[int, int] = {}  # context -> the sample it was last seen running at
+    last: dict[int, int] = {}  # context -> the stack of its latest sample
+    for i, t in enumerate(snapshots.sample_thread):
+        sid = stacks[i]
+        if sid in gc_stacks:
+            continue
+        c = cpu[i]
+        if not c or not sid:
+            if last.get(t) != sid or not sid:
+                running.pop(t, None)
+            last[t] = sid
+            continue
+        last[t] = sid
+        j = running.get(t)
+        if j is not None:
+            out[i] -= c
+            out[j] += c
+        running[t] = i
     return out
 
 
@@ -146,7 +237,7 @@ def time_weights(times: Sequence[Any], interval: str) -> Optional[list]:
     n = len(times)
     if n < 2:
         return None
-    if interval != "midpoint":  # the raw shape has no wall times: 'active' is 'end'
+    if interval != "midpoint":  # no wall times, no CPU figures: 'active' and 'split' are 'end'
         return [0.0] + [float(times[i] - times[i - 1]) for i in range(1, n)]
     out = [float(times[1] - times[0])]
     out.extend((times[i + 1] - times[i - 1]) / 2 for i in range(1, n - 1))
@@ -190,9 +281,9 @@ def sample_weights(snapshots: Any, clock: str = "cpu", *,
     """Seconds of ``clock`` time each sample of ``snapshots`` stands for.
 
     The same rule :func:`analyzer.analyze_samples` uses, for tools that need per-sample
-    numbers (exporters), and the same default: ``interval=None`` is ``'end'`` for
-    snapshots (each interval charged to the sample that ends it; ``'midpoint'`` is
-    Racket's even split, see the module docstring for why ``'end'`` is the default).
+    numbers (exporters), and the same default: ``interval=None`` is the snapshots'
+    natural rule (:func:`natural_interval`: ``'split'`` for the native engine's,
+    ``'end'`` for others; see the module docstring for why).
 
     Edge cases, as in the analysis:
 
@@ -210,7 +301,7 @@ def sample_weights(snapshots: Any, clock: str = "cpu", *,
     """
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {', '.join(map(repr, CLOCKS))}, not {clock!r}")
-    interval = resolve_interval(interval)
+    interval = resolve_interval(interval, snapshots=snapshots)
     deltas = clock_deltas(snapshots, clock, interval)
     n = len(deltas)
     scale = SCALE[interval]

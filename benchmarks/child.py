@@ -117,10 +117,15 @@ class Stackshot:
         run = snaps.runs[0]
 
         default_interval = inspect.signature(analyze_samples).parameters["interval"].default
-        if default_interval is None:  # "the input's natural rule": the one snapshots get
-            from analyzer.weights import resolve_interval
+        if default_interval is None:  # "the input's natural rule": the one these snapshots get
+            try:
+                from analyzer.weights import natural_interval
+            except ImportError:  # before the rule depended on the engine
+                from analyzer.weights import resolve_interval
 
-            default_interval = resolve_interval(None)
+                default_interval = resolve_interval(None)
+            else:
+                default_interval = natural_interval(snaps)
         # Analysis time: what a user pays to turn the snapshots into the call graph.
         # A failure here is recorded, not fatal: the attribution below only needs
         # sample_weights, and one broken call should not cost the whole measurement.

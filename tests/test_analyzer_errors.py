@@ -42,7 +42,7 @@ def test_only_idle_samples():
 @pytest.mark.parametrize("kw, message", [
     ({"weight": "gpu"}, "weight must be one of 'cpu', 'wall', not 'gpu'"),
     ({"granularity": "file"}, "granularity must be one of 'function', 'line', not 'file'"),
-    ({"interval": "start"}, "interval must be one of 'midpoint', 'end', 'active', not 'start'"),
+    ({"interval": "start"}, "interval must be one of 'midpoint', 'end', 'active', 'split', not 'start'"),
     ({"threads": [9]}, r"no thread 9: the snapshots have thread ids 0\.\.0"),
     ({"threads": "nobody"}, "no thread named 'nobody'; thread names: 't'"),
     ({"marks": {"req": 1}}, "unknown mark key 'req'"),

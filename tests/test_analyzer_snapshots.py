@@ -10,6 +10,7 @@ import pytest
 import analyzer
 import analyzer.analyze as analyze_module
 from analyzer import analyze_by_mark, analyze_samples, sample_weights
+from sampler.gctime import gc_frame
 from sampler.snapshot import Frame
 from snapshot_builders import snapshots
 from analyzer_helpers import assert_balanced, close, random_rows
@@ -171,6 +172,64 @@ def test_interval_end_charges_the_sample_that_ends_the_gap():
     assert close(end.find("before").total, 0.001)
     assert close(end.find("after").total, 0.101)
     assert end.interval == "end"
+
+
+@pytest.mark.parametrize("gc_frames", ["root", "stack", "hide"])
+def test_split_halves_the_intervals_a_thread_ran_through(gc_frames):
+    """'split': an interval between two samples where the thread was running is
+    halved between them; one that starts where the thread waited (no CPU in the
+    interval before, in a new place: asleep, or its first sample) or at an idle
+    sample goes wholly to the sample that ends it; a sample without CPU in the same
+    place as the one before (preempted) leaves the run as it was; a collection's
+    sample weighs its own CPU, and the run it interrupted is split around it
+    whatever ``gc_frames`` does with it."""
+    gc0 = gc_frame(0)
+    # thread, cpu, wall, stack
+    rows = [("t", 0.0000, 0.000, ["W", "main"]), ("t", 0.0000, 0.001, ["W", "main"]),
+            ("t", 0.0006, 0.002, ["P", "main"]),  # woke: all 0.6 ms is P's
+            ("t", 0.0006, 0.0025, ["P", "main"]),  # preempted in P: still running there
+            ("t", 0.0009, 0.0026, [gc0, "P", "main"]),  # a collection: exactly 0.3 ms
+            ("t", 0.0016, 0.003, ["R", "main"]),  # ran through: 0.35 ms each
+            ("t", 0.0020, 0.0034, ["R", "main"]),  # ran through: 0.2 ms each
+            ("t", 0.0020, 0.004, ["W", "main"]),  # asleep
+            ("t", 0.0025, 0.005, ["P", "main"]),  # woke: all 0.5 ms
+            ("t", 0.0026, 0.0051, []),  # idle (a greenlet switched out): nobody's
+            ("t", 0.0031, 0.006, ["R", "main"])]  # after an idle sample: all 0.5 ms
+    s = snapshots(rows)
+    assert sample_weights(s, interval="split") == pytest.approx(
+        [0.0, 0.0, 0.00095, 0.0, 0.0003, 0.00055, 0.0002, 0.0, 0.0005, 0.0001, 0.0005])
+    split = analyze_samples(s, interval="split", gc_frames=gc_frames)
+    end = analyze_samples(s, interval="end", gc_frames=gc_frames)
+    assert split.interval == "split"
+    assert close(split.find("P").self, 0.00145) and close(split.find("R").self, 0.00125)
+    assert close(end.find("P").self, 0.0011) and close(end.find("R").self, 0.0016)
+    gc_total = 0.0 if gc_frames == "hide" else 0.0003
+    assert close(split.total_time, 0.0027 + gc_total) and close(end.total_time, split.total_time)
+    assert_balanced(split)
+    # wall time is charged as under 'end'
+    assert close(analyze_samples(s, weight="wall", interval="split").find("W").self,
+                 analyze_samples(s, weight="wall", interval="end").find("W").self)
+
+
+def test_the_native_engines_snapshots_are_split_and_the_others_end():
+    """The natural rule follows the engine that took every run: 'split' where the
+    native engine's samples say where each thread really was, 'end' for the Python
+    engine's late samples, for allocation samples, and for a merge of the two."""
+    from dataclasses import replace
+
+    from analyzer.weights import natural_interval
+
+    def taken_by(engine):
+        s = snapshots([("t", 0.0, 0.0, ["A"]), ("t", 0.001, 0.001, ["A"])])
+        s.runs = [replace(r, engine=engine) for r in s.runs]
+        return s
+
+    s, native, python = taken_by(""), taken_by("native"), taken_by("python")
+    assert natural_interval(native) == "split" and analyze_samples(native).interval == "split"
+    assert natural_interval(python) == "end" and analyze_samples(python).interval == "end"
+    assert natural_interval(s) == "end"  # (an engine not recorded)
+    assert analyze_samples([native, python]).interval == "end"
+    assert analyze_samples([native, native]).interval == "split"
 
 
 def test_cpu_spent_before_a_thread_blocks_goes_to_where_it_ran():

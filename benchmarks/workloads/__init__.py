@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable
 
 WORKLOADS = ("deep", "function_bias", "threads", "sleepers", "gil_call", "greenlets",
-             "bursty", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap", "gc_heavy")
+             "bursty", "handoff", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap", "gc_heavy")
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 
