@@ -38,7 +38,9 @@ of a thread (an *interval*) has to be given to someone.  Two rules:
     interrupted goes on around it. The split is made within one thread or greenlet:
     an interval in which the thread switched greenlets goes wholly to the greenlet
     found after it, as under ``'end'`` (which half belongs to whom is not known
-    there: see ``scribblings/greenlets.md``). Where the work changes between two samples (one
+    there: see ``scribblings/greenlets.md``; a greenlet switched away and back
+    between two of its samples gets an idle marker between them from the native
+    engine). Where the work changes between two samples (one
     function returns, the next is called), the change is as likely early as late,
     so half the interval is what each side is owed on average; ``'end'`` gives it
     all to the later side, and that leans wherever a function mostly starts after a

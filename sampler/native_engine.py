@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 import weakref
+from bisect import bisect_right
 from collections import deque
+from operator import itemgetter
 from typing import Any, Optional
 
 from . import _native, realthreads
@@ -65,6 +67,7 @@ MAX_KEY_BYTES = 4096
 rarely seen twice, and remembering them would cost memory per new stack."""
 
 _ENTRY = struct.Struct(_native.ENTRY_FORMAT)
+_logged_at = itemgetter(0)  # a switch log entry's time
 RECENT_RUNS = 16  # a thread's latest samples that found it running, kept for _unseen_run
 ASLEEP = _native.ASLEEP
 ONCPU = _native.ONCPU
@@ -600,7 +603,8 @@ class NativeCollector(Steering):
                 self._file_sample(slot, *ran[:3], ran_until, cpu_us)
             sid = self._stack_id(raw, flags)
             mid = self._mark_set(marks) if marks else 0
-            running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us)
+            running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us,
+                                        self._switched_since(slot, wall_us))
             if asleep:
                 _remember(slot.slept_in, raw, SLEEP_PLACES)
             slot.ran_at = None
@@ -660,10 +664,12 @@ class NativeCollector(Steering):
         # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
         return bool(events) and events[0][3] - events[0][4] <= wall_us
 
-    def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int) -> Any:
+    def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int,
+                     switched: bool = False) -> Any:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and
         under the tracked greenlet whose outermost frame it shows; the record of the
-        greenlet it showed (``None``: not known)."""
+        greenlet it showed (``None``: not known). ``switched``: the thread switched
+        greenlets since its last sample (``Recorder.append_sample``)."""
         recorder = self.recorder
         since_us = slot.last_wall_us  # (the thread's stack was read after its last sample)
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
@@ -671,18 +677,30 @@ class NativeCollector(Steering):
         running = self._greenlet_at(slot, base, wall_us, since_us)
         if slot.thread is not None:
             ctx = recorder.context(slot.thread, None, wall_us, cpu_us)
-            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, running)
+            recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, running, switched)
         for target, gbase in slot.greenlets:
             ctx = recorder.context(target, None, wall_us, cpu_us)
             # (where a switch hook says which greenlet ran, it must agree: a finished
             # greenlet's frame address can be reused by the next one's frames)
             if gbase == base and sid and (running is None or running.ref() is _referent(target.key)):
-                recorder.append_sample(ctx, sid, wall_us, cpu_us, mid)
+                recorder.append_sample(ctx, sid, wall_us, cpu_us, mid, switched=switched)
             elif ctx.running and not getattr(_referent(target.key), "dead", True):
                 # switched out: close its interval once
                 recorder.append_sample(ctx, 0, wall_us, cpu_us, 0)
                 ctx.running = False
         return running
+
+    def _switched_since(self, slot: _Slot, wall_us: int) -> bool:
+        """Whether the switch hook logged a greenlet switch of ``slot``'s thread since
+        its last sample and by ``wall_us``."""
+        log = self._switch_logs.get(slot.ident)
+        if log is None:
+            log = self._switch_logs[slot.ident] = switch_log(slot.ident)
+        if not log:
+            return False
+        origin_us = self.recorder.start * 1e6
+        i = bisect_right(log, (slot.last_wall_us + origin_us) * 1000, key=_logged_at)
+        return i < len(log) and log[i][0] <= (wall_us + origin_us) * 1000
 
     def _greenlet_at(self, slot: _Slot, base: int, wall_us: int, since_us: int) -> Any:
         """The greenlet a sample of ``slot`` showed, read after ``since_us`` and by

@@ -90,3 +90,24 @@ def test_a_greenlet_named_after_its_first_samples_gets_its_name():
     work = rec.stack_id([Frame("heavy", "app.py", 5, 6)])
     rec.append_sample(ctx, work, 2000, 1500, greenlet=record)
     assert [t.name for t in rec.snapshot(RunInfo()).threads] == ["worker", "heavy"]
+
+
+def test_a_context_switched_away_and_back_between_two_samples_is_not_split_across():
+    """The native engine reads the switch hook's log and says when the thread switched
+    greenlets since its last sample. A context found again where the thread's last
+    sample was then gets an idle marker of no time first: under 'split' the interval
+    it did not run through goes wholly to the sample after, not half to the one
+    before (a gevent handler got half of the others' work between two of its
+    samples). Without a switch, the interval is halved."""
+    from analyzer import sample_weights
+
+    rec = Recorder([], time.perf_counter())
+    ctx = rec.context(Target(("ident", 1, None), "worker", None, None, "thread"), None, 0, 0)
+    work = rec.stack_id([Frame("work", "app.py", 5, 6)])
+    rec.append_sample(ctx, work, 0, 0)
+    rec.append_sample(ctx, work, 1000, 1000)
+    rec.append_sample(ctx, work, 2000, 2000)  # ran through: halved
+    rec.append_sample(ctx, work, 3000, 3000, switched=True)  # away and back: all its own
+    snaps = rec.snapshot(RunInfo(engine="native"))
+    assert [bool(s) for s in snaps.sample_stack] == [True, True, True, False, True]
+    assert sample_weights(snaps) == pytest.approx([0.0, 0.0015, 0.0005, 0.0, 0.001])
