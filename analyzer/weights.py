@@ -2,7 +2,7 @@
 Racket's midpoint rule.
 
 A sampler sees a thread only at instants; the time between two consecutive samples
-of a thread (an *interval*) has to be given to someone.  Two rules:
+of a thread (an *interval*) has to be given to someone.  The rules:
 
 ``'midpoint'`` (Racket's)
     Each interval is split evenly between the two samples that bound it, so a middle
@@ -31,9 +31,11 @@ of a thread (an *interval*) has to be given to someone.  Two rules:
 ``'split'``
     Racket's even split, for the CPU the thread ran through: an interval from a
     sample where the thread was running to the next is split evenly between the
-    two, and an interval that starts where the thread was waiting (a sample that
-    ends an interval without CPU: asleep, or found where it waits, or its first
-    sample) goes wholly to the sample that ends it, as under ``'end'``. A
+    two, and an interval that starts where the thread was waiting (a sample with no
+    CPU since the one before, in another place than it: asleep, or found where it
+    waits, or its first sample) goes wholly to the sample that ends it, as under
+    ``'end'``; a sample with no CPU in the same place as the one before (the thread
+    did not run: preempted as often as asleep) leaves things as they were. A
     collection's sample (``<gc>``) weighs exactly its own CPU, and the run it
     interrupted goes on around it. The split is made within one thread or greenlet:
     an interval in which the thread switched greenlets goes wholly to the greenlet
