@@ -690,12 +690,17 @@ class NativeCollector(Steering):
                 ctx.running = False
         return running
 
-    def _switched_since(self, slot: _Slot, wall_us: int) -> bool:
-        """Whether the switch hook logged a greenlet switch of ``slot``'s thread since
-        its last sample and by ``wall_us``."""
+    def _switch_log(self, slot: _Slot) -> list:
+        """This drain's copy of the switch log of ``slot``'s thread (empty: no hook)."""
         log = self._switch_logs.get(slot.ident)
         if log is None:
             log = self._switch_logs[slot.ident] = switch_log(slot.ident)
+        return log
+
+    def _switched_since(self, slot: _Slot, wall_us: int) -> bool:
+        """Whether the switch hook logged a greenlet switch of ``slot``'s thread since
+        its last sample and by ``wall_us``."""
+        log = self._switch_log(slot)
         if not log:
             return False
         origin_us = self.recorder.start * 1e6
@@ -707,9 +712,7 @@ class NativeCollector(Steering):
         ``wall_us`` (see ``greenlet_at``)."""
         if not base:
             return None
-        log = self._switch_logs.get(slot.ident)
-        if log is None:
-            log = self._switch_logs[slot.ident] = switch_log(slot.ident)
+        log = self._switch_log(slot)
         if not log:  # (what greenlet_at does then, without its arguments' arithmetic)
             return at_base(base)
         origin_us = self.recorder.start * 1e6
