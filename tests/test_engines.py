@@ -175,6 +175,7 @@ def test_a_function_that_starts_after_a_wait_keeps_the_tail_of_its_run():
     assert shares["end"] < truth - 0.05, f"the shape did not lean under 'end': {shares}, truth {truth:.1%}"
 
 
+@pytest.mark.engines("native")
 def test_a_run_no_sample_saw_is_filed_where_the_thread_was_seen_running_as_often():
     """A thread woken more often than the delay runs between two ticks that both find
     it waiting; the engine files such a run at one of the places it was seen running
