@@ -562,8 +562,13 @@ class NativeCollector(Steering):
                 continue
             wall_us = int(wall_ns / 1000 - start_us)
             cpu_us = cpu_ns // 1000
-            if pending and self._file_gc(pending, slot.ident, wall_us, cpu_us):
-                continue  # read during a collection: its CPU is the collection's
+            inside = None
+            if pending:
+                inside = self._file_gc(pending, slot.ident, wall_us, cpu_us)
+                if inside is not None:  # read during a collection: its CPU is the collection's
+                    if raw is None or inside[0] <= slot.last_wall_us:
+                        continue  # (a collection seen by an earlier sample already)
+                    wall_us, cpu_us = inside[0], max(inside[1], slot.last_cpu_us)
             if raw is None:  # the thread did not run since its last sample
                 still = slot.ran_at == slot.last_wall_us  # (where it was seen running)
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
@@ -588,8 +593,8 @@ class NativeCollector(Steering):
             # (in a place it slept in but on a core, or preempted there without
             # having blocked since an earlier look: computing there, as a C call
             # does between letting the GIL go and waiting to take it back)
-            waiting = asleep or bool(flags & PARKED) or (
-                raw in slot.slept_in and not flags & (ONCPU | PREEMPTED))
+            waiting = inside is None and (asleep or bool(flags & PARKED) or (
+                raw in slot.slept_in and not flags & (ONCPU | PREEMPTED)))
             # (Same greenlet, not only the same outermost frame's address: a greenlet
             # started after another one ended gets its frames' memory, and the dead
             # one's last stack went under the new one when it was first found asleep,
@@ -641,20 +646,26 @@ class NativeCollector(Steering):
                 del pending[ident]
         return pending
 
-    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> bool:
+    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> Optional[tuple]:
         """File the collections of thread ``ident`` that ended before ``wall_us``
-        (the sample there read the thread's CPU clock at ``cpu_us``); whether the
-        sample was read while the thread was inside a collection.
+        (the sample there read the thread's CPU clock at ``cpu_us``). When the sample
+        was read while the thread was inside a collection, the clocks (wall, CPU) the
+        thread had as that collection began; else ``None``.
 
-        Such a sample is not filed: its stack is the frame that happened to allocate,
-        and its CPU belongs to the collection, whose sample is filed before the first
-        one read after it ended and is charged no more CPU than the thread used since
-        the last sample filed (recorder.record_gc). Filed, a collection longer than
-        the interval lost all but its last interval's CPU to that frame (a young
-        heap's full collection: 10% of the GC time of a run, on 3.10 and 3.12)."""
+        Such a sample's CPU belongs to the collection, whose sample is filed before
+        the first one read after it ended and is charged no more CPU than the thread
+        used since the last sample filed (recorder.record_gc). (Filed as read, a
+        collection longer than the interval lost all but its last interval's CPU to
+        the frame that allocated: a young heap's full collection, 10% of the GC time
+        of a run, on 3.10 and 3.12.) Its stack is still where the thread ran up to
+        the collection, so it is filed there, at the collection's start. (Dropped,
+        the thread's run up to there went to the next sample: code that makes
+        garbage for 20 ms, then computes for 20 ms, with collections half of the
+        first part's time, sampled every 5 ms, was charged 1.4-5 points of its CPU
+        too little for the garbage; 8-12 points with parts of 5 ms.)"""
         events = pending.get(ident)
         if not events:
-            return False
+            return None
         if events[0][3] <= wall_us:
             n = 0
             while n < len(events) and events[n][3] <= wall_us:
@@ -662,7 +673,13 @@ class NativeCollector(Steering):
             self.recorder.record_gc(events[:n], cpu_us)
             del events[:n]
         # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
-        return bool(events) and events[0][3] - events[0][4] <= wall_us
+        if not events or events[0][3] - events[0][4] > wall_us:
+            return None
+        _, _, _, end_us, gc_wall_us, gc_cpu_us, _ = events[0]
+        began_us = end_us - gc_wall_us
+        # the collection's CPU up to the sample, as its share of the collection's wall time
+        spent_us = gc_cpu_us * (wall_us - began_us) // max(gc_wall_us, 1)
+        return began_us, max(cpu_us - spent_us, 0)
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int,
                      switched: bool = False) -> Any:

@@ -181,15 +181,15 @@ def test_split_halves_the_intervals_a_thread_ran_through(gc_frames):
     interval before, in a new place: asleep, or its first sample) or at an idle
     sample goes wholly to the sample that ends it; a sample without CPU in the same
     place as the one before (preempted) leaves the run as it was; a collection's
-    sample weighs its own CPU, and the run it interrupted is split around it
-    whatever ``gc_frames`` does with it."""
+    sample weighs its own CPU, and the interval it fell in is halved with it counted
+    in the half of the side that made it, whatever ``gc_frames`` does with it."""
     gc0 = gc_frame(0)
     # thread, cpu, wall, stack
     rows = [("t", 0.0000, 0.000, ["W", "main"]), ("t", 0.0000, 0.001, ["W", "main"]),
             ("t", 0.0006, 0.002, ["P", "main"]),  # woke: all 0.6 ms is P's
             ("t", 0.0006, 0.0025, ["P", "main"]),  # preempted in P: still running there
             ("t", 0.0009, 0.0026, [gc0, "P", "main"]),  # a collection: exactly 0.3 ms
-            ("t", 0.0016, 0.003, ["R", "main"]),  # ran through: 0.35 ms each
+            ("t", 0.0016, 0.003, ["R", "main"]),  # ran through: 0.5 ms each, P's with the GC
             ("t", 0.0020, 0.0034, ["R", "main"]),  # ran through: 0.2 ms each
             ("t", 0.0020, 0.004, ["W", "main"]),  # asleep
             ("t", 0.0025, 0.005, ["P", "main"]),  # woke: all 0.5 ms
@@ -197,11 +197,11 @@ def test_split_halves_the_intervals_a_thread_ran_through(gc_frames):
             ("t", 0.0031, 0.006, ["R", "main"])]  # after an idle sample: all 0.5 ms
     s = snapshots(rows)
     assert sample_weights(s, interval="split") == pytest.approx(
-        [0.0, 0.0, 0.00095, 0.0, 0.0003, 0.00055, 0.0002, 0.0, 0.0005, 0.0001, 0.0005])
+        [0.0, 0.0, 0.0008, 0.0, 0.0003, 0.0007, 0.0002, 0.0, 0.0005, 0.0001, 0.0005])
     split = analyze_samples(s, interval="split", gc_frames=gc_frames)
     end = analyze_samples(s, interval="end", gc_frames=gc_frames)
     assert split.interval == "split"
-    assert close(split.find("P").self, 0.00145) and close(split.find("R").self, 0.00125)
+    assert close(split.find("P").self, 0.0013) and close(split.find("R").self, 0.0014)
     assert close(end.find("P").self, 0.0011) and close(end.find("R").self, 0.0016)
     gc_total = 0.0 if gc_frames == "hide" else 0.0003
     assert close(split.total_time, 0.0027 + gc_total) and close(end.total_time, split.total_time)
@@ -209,6 +209,35 @@ def test_split_halves_the_intervals_a_thread_ran_through(gc_frames):
     # wall time is charged as under 'end'
     assert close(analyze_samples(s, weight="wall", interval="split").find("W").self,
                  analyze_samples(s, weight="wall", interval="end").find("W").self)
+
+
+def test_split_counts_each_collection_in_the_half_of_the_side_that_made_it():
+    """An interval where the work changes, with collections inside: each side is owed
+    half of it, collections included, and a collection counts on the side whose
+    stack it shares more functions with (outermost first), or half on each when it
+    shares as many. Halving only what the collections left shorted the side making
+    the garbage whenever the work changed within an interval."""
+    gc0 = gc_frame(0)
+
+    def weights(made_by):
+        # 1.8 ms from the second sample (in G) to the last (in C), 0.6 ms of it
+        # three collections
+        rows = [("t", 0.0, 0.0, ["G", "main"]), ("t", 0.0002, 0.0002, ["G", "main"])]
+        rows += [("t", 0.0002 + 0.0002 * k, 0.0002 + 0.0002 * k, [gc0] + made_by) for k in (1, 2, 3)]
+        rows += [("t", 0.002, 0.002, ["C", "main"])]
+        return sample_weights(snapshots(rows), interval="split")
+
+    # G's half is 0.9 ms, 0.6 of it its collections: 0.3 ms outside them, C 0.9
+    assert weights(["G", "main"]) == pytest.approx([0.0, 0.0002 + 0.0003, 0.0002, 0.0002, 0.0002, 0.0009])
+    assert weights(["alloc", "G", "main"]) == weights(["G", "main"])  # (deeper in G)
+    # made on C's side: C's half is 0.9 ms with them, so 0.3 ms outside; G 0.9
+    assert weights(["C", "main"]) == pytest.approx([0.0, 0.0002 + 0.0009, 0.0002, 0.0002, 0.0002, 0.0003])
+    # elsewhere (as much shared with both): only what they left is halved, 0.6 ms each
+    assert weights(["X", "main"]) == pytest.approx([0.0, 0.0002 + 0.0006, 0.0002, 0.0002, 0.0002, 0.0006])
+    # a side is never charged less than nothing (G: 0.55 ms owed, 1 ms collecting)
+    rows = [("t", 0.0, 0.0, ["G", "main"]), ("t", 0.0001, 0.0001, ["G", "main"]),
+            ("t", 0.0011, 0.0011, [gc0, "G", "main"]), ("t", 0.0012, 0.0012, ["C", "main"])]
+    assert sample_weights(snapshots(rows), interval="split") == pytest.approx([0.0, 0.0001, 0.001, 0.0001])
 
 
 def test_the_native_engines_snapshots_are_split_and_the_others_end():
