@@ -235,7 +235,7 @@ class Recorder:
 
     def append_sample(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int,
                       mark_set: int = 0, greenlet: Optional[GreenletRecord] = None,
-                      switched: bool = False) -> None:
+                      switched: bool = False, collection: bool = False) -> None:
         """Append one sample of ``ctx`` (times absolute, in microseconds); a sample
         with a stack means the context is running (a greenlet's next idle marker
         closes that).
@@ -257,7 +257,11 @@ class Recorder:
         ``<hub idle>`` (:data:`HUB_IDLE`), and the CPU the thread used since its last
         sample, which went into the code it ran before it gave way to the hub, is
         filed first as a sample of that code (as the native engine does for a thread
-        found asleep)."""
+        found asleep).
+
+        ``collection``: the sample is a collection's (:meth:`record_gc`): it is not
+        where the context ran, so the run before a ``<hub idle>`` sample is never
+        filed there (it went to the collection's ``<gc>`` frame, as GC time)."""
         last = ctx.os_last or ctx
         if stack_id and self._trie.frames[self.stack_frame[stack_id]].name in _REWRITTEN:
             stack_id, hub = self._rewrite(stack_id)
@@ -277,7 +281,8 @@ class Recorder:
             # handler got half of the other greenlets' work between two of its
             # samples: 2.6 points off at 1 ms in the gevent_server benchmark)
             self._append(target, 0, last.wall_us, last.cpu_us, 0)
-        target.last_sid, target.last_marks = stack_id, mark_set
+        if not collection:
+            target.last_sid, target.last_marks = stack_id, mark_set
         self._append(target, stack_id, wall_us, cpu_us, mark_set)
         if target is not ctx or ctx.os_last is not None:
             ctx.os_last = target
@@ -711,7 +716,8 @@ class Recorder:
             sid = trie.stack_id(sid, trie.frame_id(gc_frame(generation)))
             self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
             self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
-            self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running)
+            self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
+                               collection=True)
 
     @staticmethod
     def _cpu_now(ctx: _Context) -> Optional[int]:

@@ -111,3 +111,31 @@ def test_a_context_switched_away_and_back_between_two_samples_is_not_split_acros
     snaps = rec.snapshot(RunInfo(engine="native"))
     assert [bool(s) for s in snaps.sample_stack] == [True, True, True, False, True]
     assert sample_weights(snaps) == pytest.approx([0.0, 0.0015, 0.0005, 0.0, 0.001])
+
+
+def _allocating() -> None:
+    pass
+
+
+def test_the_run_before_the_gevent_hub_idles_is_filed_where_it_ran_not_at_a_collection():
+    """A greenlet found in the hub's event loop gave way there after running: that
+    run is filed first, at the stack of the context's last sample. A collection
+    filed in between is no place the thread ran on from: the run goes to the stack
+    it ran in, not to the collection's ``<gc>`` frame as GC time."""
+    from sampler.gctime import is_gc_frame
+
+    rec = Recorder([], time.perf_counter())
+    ctx = rec.context(Target(("ident", 1, None), "worker", None, 1, "thread"), None, 0, 0)
+    work = rec.stack_id([Frame("work", "app.py", 5, 6)])
+    hub = rec.stack_id([Frame("Hub.run", "/site/gevent/hub.py", 600, 610)])
+    rec.append_sample(ctx, work, 0, 0)
+    rec.append_sample(ctx, work, 1000, 1000)
+    # (thread, stack innermost first, generation, end, wall, CPU, outermost frame)
+    rec.record_gc([(1, [(_allocating.__code__, 0)], 0, 1200, 100, 100, 0)], cpu_now_us=3000)
+    rec.append_sample(ctx, hub, 3000, 3000)  # ran until 2900 (the CPU clock), then idled
+    snaps = rec.snapshot(RunInfo(engine="native"))
+    names = [[f.name for f in snaps.stack_frames(s)] for s in snaps.sample_stack]
+    assert names[:2] == [["work"], ["work"]]
+    assert is_gc_frame(snaps.stack_frames(snaps.sample_stack[2])[0])
+    assert names[3:] == [["work"], ["<hub idle>"]]
+    assert list(snaps.cpu_deltas()) == [0, 1000, 100, 1900, 0]
