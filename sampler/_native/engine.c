@@ -105,6 +105,7 @@ typedef struct {
     uint32_t fingerprint;
     uint32_t epoch;
     int32_t framesize;  /* words on the data stack (3.11+), 0 when unknown */
+    uint32_t code_bytes;  /* its bytecode's length (3.11+), 0 when unknown */
 } ss_code_slot;
 
 typedef struct {
@@ -239,9 +240,11 @@ static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *wind
 /* The fingerprint of the code object at `code`, read once per drain epoch (a code
  * object freed and another made at its address within one epoch keeps the first
  * one's identity until the next); 0 when it is not a readable code object. Sets
- * *framesize (when not NULL) to the words its frames take on the data stack. */
-static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize) {
+ * *framesize (when not NULL) to the words its frames take on the data stack, and
+ * *code_bytes (likewise) to its bytecode's length (0: unknown). */
+static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uint32_t *code_bytes) {
     if (framesize) *framesize = 0;
+    if (code_bytes) *code_bytes = 0;
     if (code == 0) return 0;
     size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
     ss_code_slot *slot = NULL;
@@ -249,6 +252,7 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize) {
         ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
         if (s->epoch == e->epoch && s->addr == code) {
             if (framesize) *framesize = s->framesize;
+            if (code_bytes) *code_bytes = s->code_bytes;
             return s->fingerprint;
         }
         if (s->epoch != e->epoch) {
@@ -259,18 +263,22 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize) {
     char window[SS_CODE_FULL_WINDOW];
     uint32_t fp = 0;
     int32_t size = 0;
+    uint32_t nbytes = 0;
     if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
     if (fp) {
         size = ss_code_framesize(window);
+        nbytes = ss_code_nbytes(window);
         ensure_sent(e, code, fp, window);
     }
     if (slot != NULL) {
         slot->addr = code;
         slot->fingerprint = fp;
         slot->framesize = size;
+        slot->code_bytes = nbytes;
         slot->epoch = e->epoch;
     }
     if (framesize) *framesize = size;
+    if (code_bytes) *code_bytes = nbytes;
     return fp;
 }
 
@@ -490,8 +498,19 @@ static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) 
      * the time for py-spy's 10.5%, on 3.11-3.13; 10-12% without the check). What
      * the read mixes instead is at most a few microseconds of the top: the function
      * the thread has just left, or has just called, at the top's address. */
-    for (int i = 0; i < depth; i++)
-        e->frames[i].fingerprint = code_identity(e, (uintptr_t)e->frames[i].code, &e->framesizes[i]);
+    for (int i = 0; i < depth; i++) {
+        uint32_t code_bytes;
+        e->frames[i].fingerprint = code_identity(e, (uintptr_t)e->frames[i].code, &e->framesizes[i], &code_bytes);
+        /* An instruction pointer outside its code: most likely the bytes of a
+         * frame being pushed, its caller link written and its code not yet, so
+         * the code read is whatever that memory held before. On 3.13, 1 run in
+         * ~1,000 of the two_call_chains stress scenario named a function no
+         * thread of the process ever ran (Future.__init__, write_text) right
+         * above a real caller. The instruction pointer is written after the code,
+         * so in such bytes it is stale as well, and almost never inside the code. */
+        if (e->frames[i].lasti == SS_LASTI_TORN || (code_bytes && e->frames[i].lasti >= (int32_t)code_bytes))
+            return -2;
+    }
     if (!walk_is_one_moment(e, &r, depth)) return -2;
     return depth;
 }
@@ -582,7 +601,7 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
         } else {
             e->frames[i].code = entry;
             e->frames[i].lasti = -1;
-            e->frames[i].fingerprint = code_identity(e, entry, NULL);
+            e->frames[i].fingerprint = code_identity(e, entry, NULL, NULL);
         }
     }
     rec->nframes = (uint32_t)n;

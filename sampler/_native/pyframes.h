@@ -43,6 +43,8 @@
 #  error "stackshot's native engine knows the frame layouts of CPython 3.10 to 3.13 only"
 #endif
 
+#define SS_LASTI_TORN INT32_MIN  /* ss_frame.lasti of bytes that are no one moment of a frame */
+
 /* One frame as the walker needs it. */
 typedef struct {
     uintptr_t addr;      /* the frame's own address: identifies it (greenlets, marks) */
@@ -171,11 +173,17 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
     out->state = SS_FIELD(bytes, ss_raw_frame_t, f_state);
 #endif
 #if PY_VERSION_HEX >= 0x030B0000
-    out->lasti = out->code && instr
-        ? (int32_t)((intptr_t)instr - (intptr_t)(out->code + offsetof(PyCodeObject, co_code_adaptive)))
-        : -1;
+    out->lasti = -1;
+    if (out->code && instr) {
+        /* An instruction pointer before its code (further than the one step back
+         * 3.11-3.12 take before the first instruction) is not this code's: the bytes
+         * of a frame read while it was being pushed (its caller link written, its
+         * code not yet). Its end is checked by the walk, which knows the code's size. */
+        intptr_t off = (intptr_t)instr - (intptr_t)(out->code + offsetof(PyCodeObject, co_code_adaptive));
+        out->lasti = off < -2 || off > INT32_MAX ? SS_LASTI_TORN : (int32_t)off;
+    }
 #endif
-    if (out->lasti < -1) out->lasti = -1;  /* a frame about to start */
+    if (out->lasti < -1 && out->lasti != SS_LASTI_TORN) out->lasti = -1;  /* a frame about to start */
 }
 
 /* ---- code objects -------------------------------------------------------------- */
@@ -285,6 +293,18 @@ static inline int32_t ss_code_framesize(const void *bytes) {
     return 0;
 }
 #endif
+
+/* The length of a code object's bytecode in bytes (from its copied bytes; 3.11+,
+ * where a frame's instruction pointer is checked against it; 0 before). */
+static inline uint32_t ss_code_nbytes(const void *bytes) {
+#if PY_VERSION_HEX >= 0x030B0000
+    Py_ssize_t units = SS_FIELD(bytes, PyVarObject, ob_size);
+    return units > 0 && units < ((Py_ssize_t)1 << 28) ? (uint32_t)(units * (Py_ssize_t)sizeof(_Py_CODEUNIT)) : 0;
+#else
+    (void)bytes;
+    return 0;
+#endif
+}
 
 #define SS_CODE_FULL_WINDOW SS_MAX2(SS_MAX2(SS_CODE_WINDOW, SS_FRAMESIZE_END), SS_MAX2(SS_QUALNAME_END, \
     SS_MAX2(offsetof(PyCodeObject, co_linetable), SS_CO_CODE_OFFSET) + sizeof(PyObject *)))
