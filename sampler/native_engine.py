@@ -606,7 +606,8 @@ class NativeCollector(Steering):
                 if slot.ran_at != slot.last_wall_us:  # a run no sample saw
                     ran = self._unseen_run(slot, ran)
                 self._file_sample(slot, *ran[:3], ran_until, cpu_us)
-            sid = self._stack_id(raw, flags)
+            sid = (self.recorder.collection_stack(inside[2]) if inside is not None and inside[2]
+                   else self._stack_id(raw, flags))
             mid = self._mark_set(marks) if marks else 0
             running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us,
                                         self._switched_since(slot, wall_us))
@@ -650,15 +651,18 @@ class NativeCollector(Steering):
         """File the collections of thread ``ident`` that ended before ``wall_us``
         (the sample there read the thread's CPU clock at ``cpu_us``). When the sample
         was read while the thread was inside a collection, the clocks (wall, CPU) the
-        thread had as that collection began; else ``None``.
+        thread had as that collection began and the stack that triggered it (its
+        event's pairs); else ``None``.
 
         Such a sample's CPU belongs to the collection, whose sample is filed before
         the first one read after it ended and is charged no more CPU than the thread
         used since the last sample filed (recorder.record_gc). (Filed as read, a
         collection longer than the interval lost all but its last interval's CPU to
         the frame that allocated: a young heap's full collection, 10% of the GC time
-        of a run, on 3.10 and 3.12.) Its stack is still where the thread ran up to
-        the collection, so it is filed there, at the collection's start. (Dropped,
+        of a run, on 3.10 and 3.12.) Where the thread ran up to the collection is
+        still known, so it is filed there, at the collection's start: at the stack
+        that triggered the collection, not the one read, which can have on top a
+        finalizer the collection runs (its time is the collection's). (Dropped,
         the thread's run up to there went to the next sample: code that makes
         garbage for 20 ms, then computes for 20 ms, with collections half of the
         first part's time, sampled every 5 ms, was charged 1.4-5 points of its CPU
@@ -675,11 +679,11 @@ class NativeCollector(Steering):
         # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
         if not events or events[0][3] - events[0][4] > wall_us:
             return None
-        _, _, _, end_us, gc_wall_us, gc_cpu_us, _ = events[0]
+        _, stack, _, end_us, gc_wall_us, gc_cpu_us, _ = events[0]
         began_us = end_us - gc_wall_us
         # the collection's CPU up to the sample, as its share of the collection's wall time
         spent_us = gc_cpu_us * (wall_us - began_us) // max(gc_wall_us, 1)
-        return began_us, max(cpu_us - spent_us, 0)
+        return began_us, max(cpu_us - spent_us, 0), stack
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int,
                      switched: bool = False) -> Any:

@@ -710,14 +710,19 @@ class Recorder:
             # the greenlet that ran into the collection (none runs Python during it)
             running = greenlet_at(logs[ident], int((self.start * 1e6 + end_us - wall_us) * 1000),
                                   base) if logs[ident] else None
-            sid = 0
-            for code, lasti in reversed(stack):
-                sid = self._child(sid, code, lasti)
-            sid = trie.stack_id(sid, trie.frame_id(gc_frame(generation)))
+            sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
             self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
             self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
             self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
                                collection=True)
+
+    def collection_stack(self, stack: list) -> int:
+        """The stack that triggered a collection (its event's ``(code, offset)``
+        pairs, innermost first), interned."""
+        sid = 0
+        for code, lasti in reversed(stack):
+            sid = self._child(sid, code, lasti)
+        return sid
 
     @staticmethod
     def _cpu_now(ctx: _Context) -> Optional[int]:

@@ -295,6 +295,42 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
     assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 10000, "_nap": 4000}
 
 
+def _allocating_site() -> None:
+    pass  # (only its code is used: the stack a made-up collection was triggered at)
+
+
+@pytest.mark.engines("native")
+def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
+    """A sample read inside a collection: its CPU is the collection's, and the
+    thread ran up to the collection where the collection was triggered, so it is
+    filed there, as the collection began (the CPU at that moment: the sample's,
+    less the collection's share up to it). Not at the stack the read found: a
+    collection runs the finalizers of its garbage on top of that stack, and their
+    time is the collection's (a finalizer of 2 us on cycles made in a loop: 8% of
+    the CPU filed under it, 2% now, 3% when such samples were dropped). The replay:
+    a sample running in _crunch; one read 2 ms into a 4 ms collection that began
+    2 ms later, with _crunch on top (as a finalizer would be); one 2 ms after the
+    collection ended."""
+    ctl, file, codes, found = _records_of(lambda: _crunch(0.003), {"_crunch": lambda flags: True})
+    collector = ctl._collector
+    running = found["_crunch"]
+    number, flags, wall, cpu = running[:4]
+    ms = 1_000_000
+    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    start_us = collector.recorder.start * 1e6
+    ident = collector._slots[number].ident
+    began_us = int((wall + 2 * ms) / 1000 - start_us)
+    # (thread, stack innermost first, generation, end, wall, CPU, outermost frame)
+    collector._gc_pending[ident] = [(ident, [(_allocating_site.__code__, 0)], 0, began_us + 4000, 4000, 4000, 0)]
+    replay = [
+        (number, flags, wall, cpu) + running[4:],
+        (number, flags, wall + 4 * ms, cpu + 4 * ms) + running[4:],  # inside the collection
+        (number, flags, wall + 8 * ms, cpu + 8 * ms) + running[4:],
+    ]
+    charged = _charged(ctl, file, replay, codes, ("_crunch", "_allocating_site", "<gc>"))
+    assert charged == {"_allocating_site": 2000, "<gc>": 4000, "_crunch": 2000}
+
+
 def _records_of(work, wanted: dict):
     """Run ``work`` under a native sampler at 1 ms until, for each function name in
     ``wanted``, a record of the engine with that function innermost and flags that
