@@ -37,12 +37,10 @@ of a thread (an *interval*) has to be given to someone.  The rules:
     ``'end'``; a sample with no CPU in the same place as the one before (the thread
     did not run: preempted as often as asleep) leaves things as they were. A
     collection's sample (``<gc>``) weighs exactly its own CPU, and the run it
-    interrupted goes on around it. The split is made within one thread or greenlet:
-    an interval in which the thread switched greenlets goes wholly to the greenlet
-    found after it, as under ``'end'`` (which half belongs to whom is not known
-    there: see ``scribblings/greenlets.md``; a greenlet switched away and back
-    between two of its samples gets an idle marker between them from the native
-    engine). Where the work changes between two samples (one
+    interrupted goes on around it. The split follows the OS thread across its
+    greenlets: an interval in which the thread switched greenlets is halved between
+    the greenlet it was in and the one found after it (a greenlet's marker where
+    its thread ran elsewhere is passed over). Where the work changes between two samples (one
     function returns, the next is called), the change is as likely early as late,
     so half the interval is what each side is owed on average; ``'end'`` gives it
     all to the later side, and that leans wherever a function mostly starts after a
@@ -176,9 +174,15 @@ def clock_deltas(snapshots: Any, clock: str, interval: str) -> Sequence[int]:
 def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
     """Twice what ``'split'`` charges each sample (integers: halves stay exact).
 
-    One pass in sample order. Each context (a thread, or a greenlet) has the sample
-    where it was last seen running: a sample that ends an interval with CPU shares
-    it with that one, then is the context's running sample. One without CPU where
+    One pass in sample order. Each OS thread has the sample where it was last seen
+    running, in whichever of its contexts (itself, or one of its greenlets): a
+    sample that ends an interval with CPU shares it with that one, then is the
+    thread's running sample. A greenlet's marker where its thread ran elsewhere (no
+    stack, in a thread that several contexts share) is passed over: the thread ran
+    through the switch. (Split within each greenlet instead, the first sample of a
+    greenlet's run took its interval whole and then half of the next, and the last
+    gave its interval's other half away: a busy gevent server's hashing, which
+    always starts after a switch, got 9-20 points too much.) One without CPU where
     the sample before it had another stack ends the run: the thread moved without
     running, so it is where it waits (the native engine files a thread found
     asleep as its run up to then, then the wait with no CPU). One without CPU in
@@ -186,9 +190,8 @@ def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
     run in between, preempted on a busy machine as often as asleep (taken for a
     wait, a thread preempted in the middle of one function for a whole interval
     gave the interval after it wholly to the next one: the handler test's parser
-    got 33-46% of the CPU for 50% beside two busy processes). A sample without a
-    stack ends the run (a greenlet switched out, or resuming: the interval after
-    it is the greenlet's own). A ``<gc>`` sample keeps its own delta and leaves
+    got 33-46% of the CPU for 50% beside two busy processes). Any other sample
+    without a stack ends the run. A ``<gc>`` sample keeps its own delta and leaves
     the run as it is (a collection's CPU was taken out of the interval around it).
 
     The collections inside an interval count in its halves: each side is owed half
@@ -204,12 +207,16 @@ def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
     gc_stacks = {sid for sid, fid in enumerate(snapshots.stack_frame)
                  if sid and is_gc_frame(frames[fid])}
     out = [2 * d for d in cpu]
-    running: dict[int, int] = {}  # context -> the sample it was last seen running at
-    last: dict[int, int] = {}  # context -> the stack of its latest sample
-    collected: dict[int, list] = {}  # context -> its collections since that sample
+    lane_of, shared = _lanes(snapshots)
+    running: dict[Any, int] = {}  # OS thread -> the sample it was last seen running at
+    last: dict[Any, int] = {}  # OS thread -> the stack of its latest sample
+    collected: dict[Any, list] = {}  # OS thread -> its collections since that sample
     functions: dict[int, tuple] = {}  # stack -> its functions (_collections_lean)
-    for i, t in enumerate(snapshots.sample_thread):
+    for i, context in enumerate(snapshots.sample_thread):
         sid = stacks[i]
+        t = lane_of[context]
+        if not sid and t in shared:
+            continue  # (a greenlet's marker where its OS thread ran elsewhere)
         if sid in gc_stacks:
             if t in running:
                 collected.setdefault(t, []).append(i)
@@ -233,6 +240,19 @@ def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
             out[j] += moved
         running[t] = i
     return out
+
+
+def _lanes(snapshots: Any) -> tuple[list, set]:
+    """Each context's OS thread (its run and native id; the context itself when the
+    id is not known), and the OS threads that more than one context shares (a
+    thread and its greenlets)."""
+    lane_of = []
+    seen: dict[Any, int] = {}
+    for info in snapshots.threads:
+        lane = (info.run, info.native_id) if info.native_id else ("context", info.id)
+        lane_of.append(lane)
+        seen[lane] = seen.get(lane, 0) + 1
+    return lane_of, {lane for lane, n in seen.items() if n > 1}
 
 
 def _collections_lean(snapshots: Any, before: int, after: int, inside: list[int],

@@ -277,9 +277,9 @@ class Recorder:
             # the thread ran elsewhere since this context's last sample; or (the
             # engine's switch log says so) it switched away and back, with no sample
             # elsewhere: a marker of no time at its last sample says the interval was
-            # not run through (the 'split' rule halves only those; without it a gevent
-            # handler got half of the other greenlets' work between two of its
-            # samples: 2.6 points off at 1 ms in the gevent_server benchmark)
+            # not run through by this context (the 'split' rule passes such markers
+            # over where the OS thread has other contexts, and halves the thread's
+            # intervals across its greenlets; where it has none, it ends the run)
             self._append(target, 0, last.wall_us, last.cpu_us, 0)
         if not collection:
             target.last_sid, target.last_marks = stack_id, mark_set

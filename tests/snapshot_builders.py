@@ -75,18 +75,22 @@ class SnapshotsBuilder:
         self._overflow: dict[str, dict[int, int]] = {"wall": {}, "cpu": {}}
 
     def sample(self, thread: Any, cpu: float, wall: float, frames: Sequence[Frame],
-               marks: Sequence[Any] = (), *, name: str, kind: str = "thread") -> None:
+               marks: Sequence[Any] = (), *, name: str, kind: str = "thread",
+               native_id: Optional[int] = None) -> None:
         """Append one sample of ``thread`` (any hashable label) whose clocks read ``cpu``
         and ``wall`` seconds, in ``frames`` (outermost first; none: idle).
 
-        ``name`` and ``kind`` describe the thread when it is first seen; ``marks`` is
-        the mark set, innermost extent first (see :func:`snapshots`).
+        ``name``, ``kind`` and ``native_id`` (the OS thread's; default: one of its
+        own) describe the thread when it is first seen: greenlets of one OS thread
+        share it. ``marks`` is the mark set, innermost extent first (see
+        :func:`snapshots`).
         """
         cols, last = self._cols, self._last
         tid = self._thread_ids.get(thread)
         if tid is None:
             tid = self._thread_ids[thread] = len(self._threads)
-            self._threads.append(ThreadInfo(tid, name, 1000 + tid, kind, 0, wall, cpu))
+            self._threads.append(ThreadInfo(tid, name, 1000 + tid if native_id is None else native_id,
+                                            kind, 0, wall, cpu))
         sid = self._trie.path_id(self._trie.frame_id(fr) for fr in frames)
         cpu_us, wall_us = round(cpu * 1e6), round(wall * 1e6)
         prev = last.get(tid)

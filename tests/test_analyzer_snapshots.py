@@ -11,7 +11,7 @@ import analyzer
 import analyzer.analyze as analyze_module
 from analyzer import analyze_by_mark, analyze_samples, sample_weights
 from sampler.gctime import gc_frame
-from sampler.snapshot import Frame
+from sampler.snapshot import Frame, RunInfo
 from snapshot_builders import snapshots
 from analyzer_helpers import assert_balanced, close, random_rows
 
@@ -238,6 +238,38 @@ def test_split_counts_each_collection_in_the_half_of_the_side_that_made_it():
     rows = [("t", 0.0, 0.0, ["G", "main"]), ("t", 0.0001, 0.0001, ["G", "main"]),
             ("t", 0.0011, 0.0011, [gc0, "G", "main"]), ("t", 0.0012, 0.0012, ["C", "main"])]
     assert sample_weights(snapshots(rows), interval="split") == pytest.approx([0.0, 0.0001, 0.001, 0.0001])
+
+
+def test_split_halves_intervals_across_the_greenlets_of_one_os_thread():
+    """Greenlets of one OS thread: the thread's intervals are halved between its
+    consecutive running samples whichever greenlet each is in, and a greenlet's
+    marker where its thread ran elsewhere is passed over. (Split within each
+    greenlet instead, the first sample of a greenlet's run took its interval whole
+    and half of the next: a busy gevent server's hashing, which always starts after
+    a switch, got 9-20 points too much.) A wait still ends the thread's run, and
+    the threads of other OS threads are split apart."""
+    from snapshot_builders import SnapshotsBuilder, frame
+
+    builder = SnapshotsBuilder()
+    hub, render, digest = ([frame(f) for f in reversed(fs)] for fs in
+                           (["poll", "hub"], ["render", "handle"], ["digest", "handle"]))
+    rows = [("g1", 0.000, 0.000, render), ("g1", 0.001, 0.001, render),
+            ("g2", 0.001, 0.001, []),  # (the recorder's marker: g2's thread was in g1)
+            ("g2", 0.002, 0.002, digest),  # a switch: 1 ms halved, 0.5 ms each
+            ("g1", 0.002, 0.002, []), ("g1", 0.003, 0.003, render),  # and back: halved
+            ("hub", 0.003, 0.003, []), ("hub", 0.003, 0.004, hub),  # waiting: ends the run
+            ("g2", 0.003, 0.004, []), ("g2", 0.004, 0.005, digest),  # after a wait: all of it
+            ("other", 0.0, 0.0, render), ("other", 0.001, 0.001, digest)]  # another OS thread
+    for label, cpu, wall, frames in rows:
+        builder.sample(label, cpu, wall, frames, name=label, kind="thread" if label == "other" else "greenlet",
+                       native_id=2 if label == "other" else 1)
+    s = builder.build(RunInfo(engine="native"))
+    # (a marker keeps its own delta, the time its thread ran elsewhere: idle, it is
+    # charged to nobody)
+    assert sample_weights(s, interval="split") == pytest.approx(
+        [0.0, 0.0015, 0.0, 0.001, 0.001, 0.0005, 0.0, 0.0, 0.001, 0.001, 0.0, 0.001])
+    profile = analyze_samples(s, interval="split")
+    assert close(profile.find("render").self, 0.002) and close(profile.find("digest").self, 0.003)
 
 
 def test_the_native_engines_snapshots_are_split_and_the_others_end():

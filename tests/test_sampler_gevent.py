@@ -186,6 +186,85 @@ def test_a_gevent_servers_handlers_get_their_true_cpu_shares_and_the_hub_idles(t
     assert all(g == "Hub" or g.endswith(("(handle)", "(client)")) for g in greenlets), greenlets
 
 
+@pytest.mark.engines("native")
+def test_a_busy_gevent_servers_handlers_get_their_true_cpu_shares():
+    """A gevent server that never waits: each of 4 connections always has a request
+    queued, so a handler goes from its response straight into rendering the next
+    page, and its greenlet switches only at a sleep between rendering and hashing.
+    The native engine's default, 'split', halves each interval its OS thread ran
+    through, across greenlet switches too: split within each greenlet, every run of
+    a greenlet's samples got its first interval whole and gave back half of the
+    next, and the hashing, which always starts after a switch, got 9-20 points too
+    much of the CPU (rendering: 70% of it)."""
+    proc = run_python("""
+        import json, socket, threading, time
+        import gevent, sampler
+        from gevent.server import StreamServer
+        from analyzer import analyze_samples
+
+        spent = {"render": 0.0, "digest": 0.0}
+
+        def crunch(seconds):
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+
+        def render():
+            crunch(0.0014)
+
+        def digest():
+            crunch(0.0006)
+
+        def handle(sock, _address):
+            f = sock.makefile("rb")
+            while f.readline():
+                t0 = time.thread_time()
+                render()
+                spent["render"] += time.thread_time() - t0
+                gevent.sleep(0.001)
+                t0 = time.thread_time()
+                digest()
+                spent["digest"] += time.thread_time() - t0
+                sock.sendall(b"ok\\n")
+            sock.close()
+
+        def client(port, requests):
+            conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+            files = [c.makefile("rb") for c in conns]
+            for c in conns:
+                c.sendall(b"GET\\nGET\\n")  # two queued on each: the server never waits
+            sent, answered = 2 * len(conns), 0
+            while answered < requests:
+                for c, f in zip(conns, files):
+                    if answered == requests:
+                        break
+                    assert f.readline()
+                    answered += 1
+                    if sent < requests:
+                        c.sendall(b"GET\\n")
+                        sent += 1
+            for c in conns:
+                c.close()
+
+        server = StreamServer(("127.0.0.1", 0), handle)
+        server.start()
+        ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001)
+        asker = threading.Thread(target=client, args=(server.server_port, 800))
+        asker.start()
+        while asker.is_alive():
+            gevent.sleep(0.005)
+        ctl.stop()
+        server.stop()
+        profile = analyze_samples(ctl.get_snapshots())
+        print(json.dumps({"interval": profile.interval, "truth": spent["render"] / sum(spent.values()),
+                          "render": profile.find("render").total, "digest": profile.find("digest").total}))
+    """)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["interval"] == "split", result
+    share = result["render"] / (result["render"] + result["digest"])
+    assert abs(share - result["truth"]) < 0.05, result
+
+
 def test_a_greenlet_group_under_gevent_follows_spawning_greenlet():
     proc = run_python("""
         from gevent import monkey; monkey.patch_all()
