@@ -195,25 +195,22 @@ def test_a_busy_gevent_servers_handlers_get_their_true_cpu_shares():
     through, across greenlet switches too: split within each greenlet, every run of
     a greenlet's samples got its first interval whole and gave back half of the
     next, and the hashing, which always starts after a switch, got 9-20 points too
-    much of the CPU (rendering: 70% of it)."""
+    much of the CPU on a loaded machine, 5.7-8.4 on a quiet one (rendering: 70% of
+    it); now 0.2-0.9 points off."""
     proc = run_python("""
         import json, socket, threading, time
         import gevent, sampler
         from gevent.server import StreamServer
         from analyzer import analyze_samples
+        from tests.run_helpers import spin
 
         spent = {"render": 0.0, "digest": 0.0}
 
-        def crunch(seconds):
-            end = time.thread_time() + seconds
-            while time.thread_time() < end:
-                pass
-
         def render():
-            crunch(0.0014)
+            spin(0.0014)
 
         def digest():
-            crunch(0.0006)
+            spin(0.0006)
 
         def handle(sock, _address):
             f = sock.makefile("rb")
@@ -262,7 +259,7 @@ def test_a_busy_gevent_servers_handlers_get_their_true_cpu_shares():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["interval"] == "split", result
     share = result["render"] / (result["render"] + result["digest"])
-    assert abs(share - result["truth"]) < 0.05, result
+    assert abs(share - result["truth"]) < 0.03, result
 
 
 def test_a_greenlet_group_under_gevent_follows_spawning_greenlet():
