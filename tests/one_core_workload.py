@@ -4,10 +4,14 @@ Run as ``python one_core_workload.py SECONDS``: it pins itself (and so every thr
 it starts, the sampler's among them) to one core, starts two busy processes pinned
 to the same core, and repeats two parts, each timed with ``time.thread_time``: pure
 Python (``py_part``) and ``hashlib`` over 64 KiB blocks (``hash_part``, which lets
-the GIL go while it computes and takes it back after).  On one shared core the
-thread is never found on a core by the collector (the collector has the core while
-it reads): every sample that finds it preempted must be judged by the kernel's
-other answers.  Prints one JSON line: each part's measured CPU and what the profile
+the GIL go while it computes and takes it back after), a random amount of each
+every time.  (With fixed amounts the loop had a fixed period, ~2 ms on 3.11 on one
+machine, and the collector's 1 ms ticks and the scheduler's slices cut it at the
+same points every time: the hash part was charged 65-90% of the CPU for 59%. 3.12,
+whose loop has another period, was right there, and wrong too with its loop cut to
+3.11's period.)  On one shared core the thread is never found on a core by the
+collector (the collector has the core while it reads): every sample that finds it
+preempted must be judged by the kernel's other answers.  Prints one JSON line: each part's measured CPU and what the profile
 charged it.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 
@@ -51,8 +56,9 @@ def main(seconds: float) -> None:
     try:
         measured = {"py_part": 0.0, "hash_part": 0.0}
         ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001, engine="native")
+        draw = random.Random(1).randint
         while sum(measured.values()) < seconds:
-            for fn, arg in ((py_part, 20_000), (hash_part, 4)):
+            for fn, arg in ((py_part, draw(20_000, 60_000)), (hash_part, draw(4, 12))):
                 t0 = time.thread_time()
                 fn(arg)
                 measured[fn.__name__] += time.thread_time() - t0

@@ -275,9 +275,7 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
         lambda: (_crunch(0.003), _nap()),
         {"_crunch": lambda flags: not flags & asleep_flag, "_nap": lambda flags: flags & asleep_flag})
     running, asleep = found["_crunch"], found["_nap"]
-    number, _, wall, cpu = running[:4]
-    ms = 1_000_000
-    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    number, wall, cpu = _past_every_real_sample(running)
     replay = [
         (number, running[1], wall, cpu) + running[4:],
         (number, asleep[1], wall + 5 * ms, cpu + 3 * ms) + asleep[4:],  # 3 ms of work, then slept
@@ -293,6 +291,36 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
         (number, sampler.native_engine.ONCPU, wall + 26 * ms, cpu + 14 * ms) + asleep[4:],
     ]
     assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 10000, "_nap": 4000}
+
+
+@pytest.mark.engines("native")
+def test_cpu_found_preempted_in_a_place_the_thread_slept_stays_there():
+    """A thread found off its core in a place it was found asleep in before, that
+    has not blocked since an earlier look (PREEMPTED: the same count of voluntary
+    context switches), was computing there when it lost its core, not woken from a
+    wait: a C call that lets the GIL go and computes (hashlib), then waits for the
+    GIL. Its CPU since its last sample stays there; without the flag it goes to
+    where the thread last ran. (The end-to-end test below, one_core_workload.py,
+    tells the two apart only where the thread is found asleep in the hash, waiting
+    for the GIL after it; on some machines it never is.) Replayed: running in
+    _crunch; asleep in _nap (3 ms: to _crunch); running in _crunch; preempted in
+    _nap's place (4 ms: to _nap); running in _crunch; runnable there, not
+    preempted (3 ms: to _crunch, where it last ran)."""
+    from sampler.native_engine import ASLEEP as asleep_flag, ONCPU as oncpu, PREEMPTED as preempted
+    ctl, file, codes, found = _records_of(
+        lambda: (_crunch(0.003), _nap()),
+        {"_crunch": lambda flags: True, "_nap": lambda flags: flags & asleep_flag})
+    running, asleep = found["_crunch"], found["_nap"]
+    number, wall, cpu = _past_every_real_sample(running)
+    replay = [
+        (number, oncpu, wall, cpu) + running[4:],
+        (number, asleep_flag, wall + 5 * ms, cpu + 3 * ms) + asleep[4:],
+        (number, oncpu, wall + 10 * ms, cpu + 5 * ms) + running[4:],
+        (number, preempted, wall + 14 * ms, cpu + 9 * ms) + asleep[4:],
+        (number, oncpu, wall + 16 * ms, cpu + 10 * ms) + running[4:],
+        (number, 0, wall + 20 * ms, cpu + 13 * ms) + asleep[4:],
+    ]
+    assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 9000, "_nap": 4000}
 
 
 def _allocating_site() -> None:
@@ -314,9 +342,8 @@ def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
     ctl, file, codes, found = _records_of(lambda: _crunch(0.003), {"_crunch": lambda flags: True})
     collector = ctl._collector
     running = found["_crunch"]
-    number, flags, wall, cpu = running[:4]
-    ms = 1_000_000
-    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    number, wall, cpu = _past_every_real_sample(running)
+    flags = running[1]
     start_us = collector.recorder.start * 1e6
     ident = collector._slots[number].ident
     began_us = int((wall + 2 * ms) / 1000 - start_us)
@@ -329,6 +356,16 @@ def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
     ]
     charged = _charged(ctl, file, replay, codes, ("_crunch", "_allocating_site", "<gc>"))
     assert charged == {"_allocating_site": 2000, "<gc>": 4000, "_crunch": 2000}
+
+
+ms = 1_000_000  # (a replay's clocks are in nanoseconds)
+
+
+def _past_every_real_sample(record: tuple) -> tuple:
+    """The thread number of an engine record, and clocks (wall, CPU) 1,000 ms past
+    its own: a replay timed from there comes after every sample the run took."""
+    number, _, wall, cpu = record[:4]
+    return number, wall + 1000 * ms, cpu + 1000 * ms
 
 
 def _records_of(work, wanted: dict):
@@ -411,9 +448,7 @@ def test_cpu_of_a_thread_parked_by_the_feeders_turn_goes_to_where_it_last_ran():
         lambda: (_crunch(0.003), _hand_over()),
         {"_crunch": lambda flags: True, "_hand_over": lambda flags: True})
     crunch, hand_over = found["_crunch"], found["_hand_over"]
-    number, _, wall, cpu = crunch[:4]
-    ms = 1_000_000
-    wall, cpu = wall + 1000 * ms, cpu + 1000 * ms  # after every real sample
+    number, wall, cpu = _past_every_real_sample(crunch)
     from sampler.native_engine import ONCPU as oncpu, PARKED as parked
     replay = [
         (number, oncpu, wall, cpu) + crunch[4:],
@@ -887,7 +922,9 @@ def test_a_call_preempted_while_it_computes_without_the_gil_is_charged_its_cpu()
     place where the thread also waits (for the GIL, after the hash), it used to be
     taken for a thread woken from that wait, and its CPU went to the pure Python
     before it. A thread that has not blocked since an earlier look was preempted,
-    not waiting: the hash part is charged its own CPU now."""
+    not waiting: the hash part is charged its own CPU now. (Where the thread is
+    never found asleep in the hash, the rule does not come into play: the replay
+    above pins it.)"""
     proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "one_core_workload.py"), "1.0"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
