@@ -30,7 +30,7 @@ import weakref
 from bisect import bisect_right
 from collections import deque
 from operator import itemgetter
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, read_cpu, thread_clock_id
@@ -193,6 +193,15 @@ def _remember(places: dict, raw: bytes, keep: int) -> None:
     places[raw] = None
     if len(places) > keep:
         del places[next(iter(places))]
+
+
+class _CollectionStart(NamedTuple):
+    """A thread's clocks as a collection it was read inside began, and the stack that
+    triggered it (its event's pairs: :meth:`NativeCollector._file_gc`)."""
+
+    wall_us: int
+    cpu_us: int
+    stack: Any
 
 
 class _Slot:
@@ -566,9 +575,9 @@ class NativeCollector(Steering):
             if pending:
                 inside = self._file_gc(pending, slot.ident, wall_us, cpu_us)
                 if inside is not None:  # read during a collection: its CPU is the collection's
-                    if raw is None or inside[0] <= slot.last_wall_us:
+                    if raw is None or inside.wall_us <= slot.last_wall_us:
                         continue  # (a collection seen by an earlier sample already)
-                    wall_us, cpu_us = inside[0], max(inside[1], slot.last_cpu_us)
+                    wall_us, cpu_us = inside.wall_us, max(inside.cpu_us, slot.last_cpu_us)
             if raw is None:  # the thread did not run since its last sample
                 still = slot.ran_at == slot.last_wall_us  # (where it was seen running)
                 self._file_sample(slot, slot.last_stack, slot.last_base, slot.last_marks, wall_us, cpu_us)
@@ -606,7 +615,7 @@ class NativeCollector(Steering):
                 if slot.ran_at != slot.last_wall_us:  # a run no sample saw
                     ran = self._unseen_run(slot, ran)
                 self._file_sample(slot, *ran[:3], ran_until, cpu_us)
-            sid = (self.recorder.collection_stack(inside[2]) if inside is not None and inside[2]
+            sid = (self.recorder.collection_stack(inside.stack) if inside is not None and inside.stack
                    else self._stack_id(raw, flags))
             mid = self._mark_set(marks) if marks else 0
             running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us,
@@ -647,7 +656,7 @@ class NativeCollector(Steering):
                 del pending[ident]
         return pending
 
-    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> Optional[tuple]:
+    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> Optional[_CollectionStart]:
         """File the collections of thread ``ident`` that ended before ``wall_us``
         (the sample there read the thread's CPU clock at ``cpu_us``). When the sample
         was read while the thread was inside a collection, the clocks (wall, CPU) the
@@ -683,7 +692,7 @@ class NativeCollector(Steering):
         began_us = end_us - gc_wall_us
         # the collection's CPU up to the sample, as its share of the collection's wall time
         spent_us = gc_cpu_us * (wall_us - began_us) // max(gc_wall_us, 1)
-        return began_us, max(cpu_us - spent_us, 0), stack
+        return _CollectionStart(began_us, max(cpu_us - spent_us, 0), stack)
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int,
                      switched: bool = False) -> Any:
