@@ -276,13 +276,59 @@ class MeasurementError(RuntimeError):
 
 # -- the plan ----------------------------------------------------------------------------
 
+BUSY_MARK = "stackshot-benchmarks-busy"  # (in each busy process's command line)
+
+
+def start_busy() -> subprocess.Popen:
+    """A process that spins in a Python loop: a loaded machine, on purpose."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass", BUSY_MARK])
+
+
+def stop_busy(procs: list) -> Optional[float]:
+    """Stop the processes of :func:`start_busy`; the CPU seconds they had, all told
+    (``None`` where ``/proc`` does not tell)."""
+    spent: Optional[float] = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if spent is not None:
+                spent += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        except (OSError, IndexError, ValueError):
+            spent = None
+        p.kill()
+        p.wait()
+    return spent
+
+
 def run_benchmarks(runner: Runner, workloads: list[str], configs: list[str], mode: dict,
                    log: Any = sys.stderr) -> dict:
-    """Calibrate each workload, then alternate no-profiler and profiler runs, round by round."""
+    """Calibrate each workload, then alternate no-profiler and profiler runs, round by round.
+
+    With ``mode["busy"]``, the rounds run beside that many busy processes (the
+    calibration does not: each workload keeps the shape it has on a quiet machine,
+    and only the load differs)."""
     params: dict[str, dict] = {}
     for w in workloads:
         print(f"calibrating {w} ...", file=log, flush=True)
         params[w] = runner.calibrate(w, mode["seconds"])
+    busy: list = []
+    try:
+        for _ in range(mode.get("busy", 0)):
+            busy.append(start_busy())
+        result = _rounds(runner, workloads, configs, mode, params, log)
+    finally:
+        busy_cpu = stop_busy(busy)
+    if busy and busy_cpu is not None:
+        result["busy_cpu_seconds"] = busy_cpu
+    return result
+
+
+def _rounds(runner: Runner, workloads: list[str], configs: list[str], mode: dict, params: dict,
+            log: Any) -> dict:
+    """The rounds of :func:`run_benchmarks`: in each, per workload, a run without a
+    profiler beside each profiler's run, the profilers' order rotating by round."""
     runs: dict[str, dict[str, list]] = {w: {c: [] for c in ["none"] + configs} for w in workloads}
     errors: list[dict] = []
     others = [c for c in configs if c != "none"]
@@ -703,6 +749,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--json", dest="json_path", help="result file (default benchmarks/results.json)")
     ap.add_argument("--markdown", help="table file (default benchmarks/RESULTS.md)")
     ap.add_argument("--no-sampler-bench", action="store_true", help="skip bench_sampler.py")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="run the rounds beside N processes that spin (a loaded machine; "
+                         "the calibration and bench_sampler.py run without them)")
     ap.add_argument("--render", metavar="JSON",
                     help="measure nothing: rewrite the Markdown table from an earlier result file")
     return ap.parse_args(argv)
@@ -735,6 +784,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         mode["seconds"] = args.seconds
     if args.no_sampler_bench:
         mode["sampler_bench"] = None
+    if args.busy < 0:
+        raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
+    if args.busy:
+        mode["busy"] = args.busy
     if args.install:
         install(args.venv)
     venv_python = os.path.join(args.venv, "bin", "python")
@@ -795,6 +848,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         "summary": summary, "targets": judge_targets(summary), "sampler_microbench": micro,
         "errors": raw["errors"], "raw_runs": raw["runs"],
     }
+    if "busy_cpu_seconds" in raw:
+        result["machine"]["busy_cpu_seconds"] = raw["busy_cpu_seconds"]
     json_path = args.json_path or os.path.join(HERE, "results.json")
     md_path = args.markdown or os.path.join(HERE, "RESULTS.md")
     with open(json_path, "w") as f:

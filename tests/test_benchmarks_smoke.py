@@ -143,3 +143,30 @@ def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
     ratio = s["configs"][OURS]["gc_reported_over_measured"]
     assert 0.5 < ratio < 1.5, ratio
     assert "reported / measured" in md
+
+
+def _running_with(mark: str) -> list[str]:
+    """The processes whose command line holds ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if mark.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass  # (ended meanwhile)
+    return found
+
+
+def test_a_run_beside_busy_processes_says_so_and_leaves_none_behind(tmp_path):
+    """``--busy N`` runs the rounds beside N processes that spin (how the docs'
+    figures for a loaded machine are made): the result says how many and how much
+    CPU they took, and none outlives the run. A negative count is a one-line error."""
+    result, md = _smoke(tmp_path, "--busy", "1")
+    assert result["settings"]["busy"] == 1
+    assert result["machine"]["busy_cpu_seconds"] > 0
+    assert "the rounds beside 1 busy process (" in md
+    assert _running_with("stackshot-benchmarks-busy") == []
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--smoke", "--busy", "-1"],
+                          cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and proc.stderr.strip() == "--busy must be 0 or more, not -1"
