@@ -84,17 +84,23 @@ def main(rounds: int) -> None:
         gc.collect()
         memprof.discard(profile)
 
-    # a callback that stops and discards its own profile
+    # a callback that stops and discards its own profile (in whichever thread a
+    # sample comes first: the workers allocate too). The state is read once that
+    # callback is through: read as soon as this thread's own churn ended, it was
+    # "stopped" once in CI, a worker's callback caught between the two calls.
     box = {}
+    discarded = threading.Event()
 
     def stopping(a):
         if "p" in box and box["p"].state == "sampling":
             memprof.stop()
             memprof.discard(box["p"])
+            discarded.set()
         return 1
 
     box["p"] = memprof.start(0.05, tracker=memprof.Tracker(stopping, stopping))
     churn(500)
+    assert discarded.wait(30), box["p"].state
     assert box["p"].state == "discarded", box["p"].state
 
     stop_threads.set()
