@@ -11,8 +11,8 @@ same points every time: the hash part was charged 65-90% of the CPU for 59%. 3.1
 whose loop has another period, was right there, and wrong too with its loop cut to
 3.11's period.)  On one shared core the thread is never found on a core by the
 collector (the collector has the core while it reads): every sample that finds it
-preempted must be judged by the kernel's other answers.  Prints one JSON line: each part's measured CPU and what the profile
-charged it.
+preempted must be judged by the kernel's other answers.  Prints one JSON line:
+each part's measured CPU and what the profile charged it.
 """
 
 from __future__ import annotations
