@@ -272,6 +272,42 @@ def test_split_halves_intervals_across_the_greenlets_of_one_os_thread():
     assert close(profile.find("render").self, 0.002) and close(profile.find("digest").self, 0.003)
 
 
+def test_split_counts_a_collection_for_the_greenlet_that_made_it_however_stacks_are_drawn():
+    """Across a switch, a collection is on the side of the greenlet it was made in,
+    and the same stack in another greenlet is another place: the charges depend on
+    the samples, not on their stacks' frames. Drawn joined under their spawner
+    (``spawn_tree``), a handler's stacks share the accept loop's frames, and
+    compared by frames, a collection the accept loop made moved half to the
+    handler (a gevent test's per-greenlet times changed under ``spawn_tree``)."""
+    from snapshot_builders import SnapshotsBuilder, frame
+
+    accept = [frame(f) for f in ("loop", "_do_read")]
+    gc0 = gc_frame(0)
+
+    def weights(handler_prefix, more=False):
+        handle = [frame(f) for f in handler_prefix + ["run", "handle"]]
+        rows = [("accept", 0.000, accept), ("accept", 0.001, accept),
+                ("accept", 0.0012, accept + [gc0]),  # 0.2 ms collecting, in accept
+                ("handler", 0.0012, []),  # (the marker: its thread was in accept)
+                ("handler", 0.003, handle)]
+        if more:  # another handler, in the same stack, found having used no CPU
+            rows += [("handler 2", 0.003, []), ("handler 2", 0.003, handle),
+                     ("handler", 0.003, []), ("handler", 0.004, handle)]
+        builder = SnapshotsBuilder()
+        for label, cpu, frames in rows:
+            builder.sample(label, cpu, cpu, frames, name=label, kind="greenlet", native_id=1)
+        return sample_weights(builder.build(RunInfo(engine="native")), interval="split")
+
+    # 2 ms from accept's running sample to the handler's, 1 ms owed each: accept made
+    # the 0.2 ms of collections, so 0.8 ms outside them
+    plain = weights([])
+    assert plain == pytest.approx([0.0, 0.001 + 0.0008, 0.0002, 0.0, 0.001])
+    assert weights(["loop", "_do_read", "spawn"]) == plain  # joined under the accept loop
+    # the thread moved to handler 2 without running, so it waited there: the
+    # handler's next interval (1 ms) is all its own, not halved with its sample before
+    assert weights([], more=True)[-4:] == pytest.approx([0.0, 0.0, 0.0, 0.001])
+
+
 def test_the_native_engines_snapshots_are_split_and_the_others_end():
     """The natural rule follows the engine that took every run: 'split' where the
     native engine's samples say where each thread really was, 'end' for the Python
