@@ -280,8 +280,11 @@ BUSY_MARK = "stackshot-benchmarks-busy"  # (in each busy process's command line)
 
 
 def start_busy() -> subprocess.Popen:
-    """A process that spins in a Python loop: a loaded machine, on purpose."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass", BUSY_MARK])
+    """A process that spins in a Python loop: a loaded machine, on purpose. Its
+    command line holds :data:`BUSY_MARK` and ``parent=<this process's pid>``, so
+    that one left behind by a run that ended can be told from another run's."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass", BUSY_MARK,
+                             f"parent={os.getpid()}"])
 
 
 def stop_busy(procs: list) -> Optional[float]:
