@@ -7,6 +7,7 @@ import asyncio
 import gc
 import sys
 import threading
+import time
 import weakref
 
 import pytest
@@ -187,17 +188,31 @@ def test_a_greenlet_the_gc_kills_as_a_frame_starts_leaves_the_stack_exact(sample
         def starts_as_the_gc_runs():
             ck.check()
 
-        thresholds = gc.get_threshold()
-        for _ in range(10):
-            gc.collect()  # (so the cycle is young, freed by the next young collection)
-            ref = suspended_in_a_cycle()
-            gc.set_threshold(1)  # a collection at the next allocation
-            try:
-                starts_as_the_gc_runs()
-            finally:
-                gc.set_threshold(*thresholds)
-            ck.check()
-            assert ref() is None
+        # The collection must come in this thread: one in the sampler's own thread
+        # (it allocates as it ticks) finds the cycle too, and greenlet leaves a
+        # greenlet of another thread to be killed there later (once in four full
+        # runs on 3.10; 29 times in 300 with a thread allocating every 0.2 ms).
+        # No other thread runs from the collection below to the one that kills:
+        # it would have to wait a whole switch interval, made long, for the GIL,
+        # and a wait begun before it was made long ends in the sleep. (Not between
+        # the collection and the cycle: its allocations would fill the young
+        # generation, and a collection as the cycle is made moves it to an older one.)
+        thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
+        sys.setswitchinterval(60)
+        try:
+            for _ in range(10):
+                time.sleep(0.005)
+                gc.collect()  # (so the cycle is young, freed by the next young collection)
+                ref = suspended_in_a_cycle()
+                gc.set_threshold(1)  # a collection at the next allocation
+                try:
+                    starts_as_the_gc_runs()
+                finally:
+                    gc.set_threshold(*thresholds)
+                ck.check()
+                assert ref() is None
+        finally:
+            sys.setswitchinterval(interval)
     assert len(called) == 10 and ck.checked == 20
 
 
