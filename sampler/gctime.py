@@ -197,6 +197,17 @@ class GCWatch:
         """Collections recorded and not taken yet."""
         return self._c.pending if self._c is not None else len(self.events)
 
+    @property
+    def opened(self) -> Optional[tuple[int, int]]:
+        """The collection under way, if recorded: ``(thread ident, start in
+        microseconds since the recorder's start)``; else ``None``. Finalizers that
+        run Python code let the GIL go inside a collection, and the engines then
+        hold that thread's samples until the collection has ended and been timed."""
+        if self._c is not None:
+            return self._c.opened
+        opened = self._open
+        return None if opened is None else (opened[0], int((opened[4] - self.start) * 1e6))
+
     def install(self) -> None:
         # The OS thread's ident function itself (gevent's original when patched):
         # the hook runs inside every collection and must not look it up each time.

@@ -66,6 +66,7 @@ typedef struct {
     /* the collection under way (at most one: the interpreter never nests them) */
     int open;                 /* 0 none, 1 recording, 2 not recorded (full, paused) */
     PyThreadState *open_ts;
+    unsigned long open_ident;
     int open_gen;
     int64_t open_wall, open_cpu;  /* open_cpu < 0: CPU clock not read */
     uint32_t open_depth;
@@ -141,6 +142,7 @@ static void ss_gc_start(GCHook *h, PyObject *info) {
     PyThreadState *ts = PyThreadState_Get();
     h->open = 1;
     h->open_ts = ts;
+    h->open_ident = ts->thread_id;
     h->open_gen = gen;
     h->open_depth = ss_gc_read_stack(h, ts, &h->open_base);
     h->open_cpu = h->last_wall[gen] < 0 || h->last_wall[gen] >= h->cpu_above_ns
@@ -315,6 +317,15 @@ static PyObject *GCHook_pending(GCHook *h, void *closure) {
     return PyLong_FromUnsignedLongLong((unsigned long long)(h->ev_head - h->ev_tail));
 }
 
+/* The collection under way, if recorded: (its thread's ident, when it began, in
+ * microseconds since the origin); else None. Read under the GIL by the engines,
+ * which hold a thread's samples while it is inside a collection: finalizers that
+ * run Python let the GIL go mid-collection (sampler.gctime). */
+static PyObject *GCHook_opened(GCHook *h, void *closure) {
+    if (h->open != 1) Py_RETURN_NONE;
+    return Py_BuildValue("(kL)", h->open_ident, (long long)((h->open_wall - h->origin_ns) / 1000));
+}
+
 static PyObject *GCHook_get_active(GCHook *h, void *closure) {
     return PyBool_FromLong(h->active);
 }
@@ -360,6 +371,8 @@ static PyMemberDef GCHook_members[] = {
 static PyGetSetDef GCHook_getset[] = {
     {"active", (getter)GCHook_get_active, (setter)GCHook_set_active, "Whether collections are recorded.", NULL},
     {"pending", (getter)GCHook_pending, NULL, "Events not taken yet.", NULL},
+    {"opened", (getter)GCHook_opened, NULL,
+     "The collection under way, if recorded: (thread ident, start in us since the origin); else None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
