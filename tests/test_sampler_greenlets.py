@@ -385,7 +385,7 @@ def test_each_greenlet_of_a_tracked_thread_gets_its_own_share_of_its_cpu():
     assert not ctl.errors
     info = greenlets_of(snaps)
     # named after the function each runs (a started greenlet has lost its ``run``)
-    assert sorted(g.name.rpartition(".")[2] for g in info.values()) == sorted(truth), info
+    assert sorted(g.name.rpartition(".")[2] for g in info.values()) == sorted(truth), _contexts_seen(snaps)
     assert {g.thread for g in info.values()} == {0}
     assert all(g.parent == 0 for g in info.values())  # spawned by the main greenlet
     times = {name.rpartition(".")[2]: t for name, t in greenlet_times(snaps).items()}
@@ -393,6 +393,24 @@ def test_each_greenlet_of_a_tracked_thread_gets_its_own_share_of_its_cpu():
     for name, true in truth.items():
         share, true_share = times[name] / measured, true / total_truth
         assert abs(share - true_share) <= max(0.02, margin), (name, share, true_share, margin, times, truth)
+
+
+def _contexts_seen(snaps) -> dict:
+    """What each context of ``snaps`` was filed with, to tell a misfiled sample from
+    a misnamed greenlet: its name, record, how many samples, and the outermost and
+    innermost functions of its stacks (with how many samples each; ``<gc>``
+    innermost: a collection's sample, filed by the switch log's time)."""
+    from collections import Counter
+
+    from analyzer.greenlets import greenlets_of
+
+    info = greenlets_of(snaps)
+    seen: dict = {}
+    for tid, sid in zip(snaps.sample_thread, snaps.sample_stack):
+        if sid:
+            frames = snaps.stack_frames(sid)  # (innermost first)
+            seen.setdefault(tid, Counter())[(frames[-1].name, frames[0].name)] += 1
+    return {t.id: (t.name, info.get(t.id), dict(seen.get(t.id, {}))) for t in snaps.threads}
 
 
 def _switching_greenlets_snapshots():
