@@ -22,6 +22,7 @@ from sampler import engines
 from run_helpers import busy_processes_on, spin
 
 EXPECT_NO_NATIVE = os.environ.get("STACKSHOT_EXPECT_NO_NATIVE") == "1"
+ms = 1_000_000  # (the replay tests' clocks are in nanoseconds)
 
 
 def test_the_snapshots_say_which_engine_took_them(sampler_engine):
@@ -114,8 +115,6 @@ def test_work_that_alternates_with_sleep_is_charged_to_the_work():
     # waking from each sleep costs the thread more CPU of its own: 7% seen)
     assert truth / total > 0.9
     assert share > 0.85, f"_crunch got {share:.1%} of the CPU, the truth is {truth / total:.1%}"
-
-
 
 
 def _hnd_parse(spent: list) -> None:
@@ -356,9 +355,6 @@ def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
     ]
     charged = _charged(ctl, file, replay, codes, ("_crunch", "_allocating_site", "<gc>"))
     assert charged == {"_allocating_site": 2000, "<gc>": 4000, "_crunch": 2000}
-
-
-ms = 1_000_000  # (a replay's clocks are in nanoseconds)
 
 
 def _past_every_real_sample(record: tuple) -> tuple:
