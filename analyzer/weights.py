@@ -205,10 +205,11 @@ def _split_charges(snapshots: Any, cpu: Sequence[int]) -> list[int]:
     (``analyzer.greenlets.spawn_tree``), stacks of different greenlets share the
     spawner's frames, and compared across greenlets, a collection made by an accept
     loop moved half to the handler it switched to (a test's per-greenlet times
-    changed under ``spawn_tree``, 3 runs in 16 on 3.10). Halving only what the collections left, code that makes garbage
-    for 20 ms then computes for 20 ms, collections half of the first part's time,
-    was charged 3 points too much for the garbage at 5 ms: where the work changed
-    within an interval, the garbage's side of it had lost the collections' time.
+    changed under ``spawn_tree``, 3 runs in 16 on 3.10). Halving only what the
+    collections left, code that makes garbage for 20 ms then computes for 20 ms,
+    collections half of the first part's time, was charged 3 points too much for
+    the garbage at 5 ms: where the work changed within an interval, the garbage's
+    side of it had lost the collections' time.
     """
     stacks = snapshots.sample_stack
     frames = snapshots.frames

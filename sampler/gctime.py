@@ -181,6 +181,8 @@ class GCWatch:
             self._c.active = bool(value)
         else:
             self._active = bool(value)
+            if not value:
+                self._open = None  # (its end is not recorded: never under way again)
 
     @property
     def collections(self) -> int:

@@ -568,14 +568,13 @@ class NativeCollector(Steering):
         if codes:
             self._resolver.learn(codes)
         self._switch_logs: dict[int, list] = {}  # this drain's copies (sampler.greenlets)
-        # A thread inside a collection now is read there (the C thread needs no GIL),
-        # and its samples' CPU is the collection's; which is known once it has ended
+        # A thread inside a collection is read there (the C thread needs no GIL), and
+        # those samples' CPU is the collection's, which is known once it has ended
         # (its event). Finalizers that run Python let the GIL go inside it, and this
-        # thread files meanwhile: its samples from the collection's start are held
-        # until then (filed as read, with the finalizer on top: 17-21% of the CPU of
-        # collections running 20 us finalizers, under them; 93% on the Python
-        # engine, which is kept from sampling such a thread). Looked at before the
-        # events are taken: a collection that ends in between has its event taken.
+        # thread files meanwhile: the thread's samples from the collection's start
+        # are held until then. (Filed as read, with the finalizer on top: collections
+        # running 20 us finalizers had 17-21% of the CPU under them.) Looked at
+        # before the events are taken: one that ends in between has its event taken.
         opened = self.gc_watch.opened if self.gc_watch is not None and not self.stopped else None
         if self._held:
             samples = self._held + samples

@@ -415,7 +415,7 @@ class Recorder:
         kept = 0  # contexts sampled this tick that keep a cached top frame
         collecting = _collecting(gc_watch)
         for target, frame in targets:
-            if target.ident == collecting:
+            if collecting is not None and target.ident == collecting:
                 continue
             found = self._tick_target(target, frame, wall_us)
             if found is None:
@@ -644,7 +644,7 @@ class Recorder:
         want_marks = self.sample_marks is not None
         collecting = _collecting(gc_watch)
         for target, frame in targets:
-            if target.ident == collecting:
+            if collecting is not None and target.ident == collecting:
                 continue
             found = self._tick_target(target, frame, wall_us)
             self._file_collections(gc_watch)

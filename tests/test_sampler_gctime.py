@@ -299,6 +299,41 @@ def test_hook_events_match_a_users_own_callback(native):
 
 
 @pytest.mark.parametrize("native", HOOKS)
+def test_the_collection_under_way_is_known_inside_it_and_not_after_a_pause(native):
+    """``opened`` (what the engines hold a thread's samples by) names the thread and
+    start of the collection under way, from inside it (a finalizer), and nothing
+    once it has ended; nor after a pause inside it, whose end is never recorded
+    (else that thread would never be sampled again)."""
+    watch = _watch(native)
+    seen = []
+
+    class Finalized:
+        def __init__(self, pause: bool) -> None:
+            self.me, self.pause = self, pause
+
+        def __del__(self) -> None:
+            seen.append(watch.opened)
+            if self.pause:
+                watch.active = False
+
+    watch.install()
+    try:
+        before_us = int((time.perf_counter() - watch.start) * 1e6)
+        Finalized(pause=False)
+        gc.collect()
+        assert watch.opened is None
+        ident, began_us = seen[0]
+        assert ident == threading.get_ident() and before_us <= began_us
+        Finalized(pause=True)
+        gc.collect()
+        assert seen[1] is not None and watch.opened is None
+        watch.active = True
+        assert watch.opened is None
+    finally:
+        watch.remove()
+
+
+@pytest.mark.parametrize("native", HOOKS)
 def test_taking_the_events_ends_when_a_collection_follows_every_allocation(native):
     """With ``gc.set_threshold(1)`` every allocation is a collection, and the C
     hook's take() allocates a tuple per event: each event taken logged another one,
