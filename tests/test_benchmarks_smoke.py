@@ -157,9 +157,12 @@ def _busy_left_behind() -> list[str]:
         except OSError:
             continue  # (ended meanwhile)
         if BUSY_MARK in args:
-            parent = next(int(a[7:]) for a in args if a.startswith("parent="))
+            parent = next((a[7:] for a in args if a.startswith("parent=")), "")
+            if not parent.isdigit():
+                found.append(pid)  # (which run started it cannot be told)
+                continue
             try:
-                os.kill(parent, 0)
+                os.kill(int(parent), 0)
             except ProcessLookupError:
                 found.append(pid)
     return found
