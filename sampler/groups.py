@@ -53,13 +53,23 @@ def _changed() -> None:
 start_listeners: "set[Callable[[], None]]" = set()
 
 
-def notify_started() -> None:
-    """Tell every listener that the calling thread has just started."""
-    for listener in list(start_listeners):
+# Called when a thread joins a group explicitly (ThreadGroup.add, possibly a thread
+# that runs already, which announces nothing): an engine that looks the members up
+# only now and then looks at once.
+change_listeners: "set[Callable[[], None]]" = set()
+
+
+def _notify(listeners: "set[Callable[[], None]]") -> None:
+    for listener in list(listeners):
         try:
             listener()
         except Exception:  # a profiler's trouble never reaches the program
             pass
+
+
+def notify_started() -> None:
+    """Tell every listener that the calling thread has just started."""
+    _notify(start_listeners)
 
 
 def install_start_hook() -> None:
@@ -156,6 +166,7 @@ class ThreadGroup:
         if not isinstance(thread, threading.Thread):
             raise TypeError(f"ThreadGroup.add takes a threading.Thread, not {type(thread).__name__}")
         self._join(thread)
+        _notify(change_listeners)
 
     def _join(self, thread: threading.Thread) -> None:
         ref = weakref.ref(thread)

@@ -12,6 +12,7 @@ them all under AddressSanitizer.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import gc
 import os
@@ -60,7 +61,9 @@ def _check(snaps: sampler.Snapshots, at_least: int = 1) -> int:
 def threads_churn() -> str:
     """Threads start and exit about every millisecond, tracked through a group and
     ALL_THREADS; each lives a moment, does a little work and waits half a
-    millisecond. (The wait is what lets the Python engine see a member at all: it
+    millisecond. Every other one is started with ``_thread`` (announcing nothing),
+    so that the native collector reads the newest thread state while threads come
+    and go (sampler/_native/threadwatch.h). (The wait is what lets the Python engine see a member at all: it
     samples only where the GIL is let go, and a thread that computes for 150 us
     from its start to its exit never lets it go in between: 0 samples of the group
     in 5 s of churn, 120 s in CI.)"""
@@ -75,11 +78,14 @@ def threads_churn() -> str:
 
     def start_one() -> None:
         nonlocal started
-        t = threading.Thread(target=short)
-        t.start()
         started += 1
-        if started % 8 == 0:
-            t.join()
+        if started % 2:
+            _thread.start_new_thread(short, ())
+        else:
+            t = threading.Thread(target=short)
+            t.start()
+            if started % 8 == 0:
+                t.join()
         time.sleep(0.001)
 
     with group:  # (the members may all be gone whenever the collector gets a turn)

@@ -830,6 +830,74 @@ def test_threads_started_under_all_threads_are_charged_all_their_cpu(sampler_eng
     assert charged > 0.85 * sum(measured), f"{charged:.3f} s charged of {sum(measured):.3f} s"
 
 
+def test_a_thread_started_with_the_thread_module_is_read_from_its_first_milliseconds(sampler_engine):
+    """Under ALL_THREADS, a thread that announces nothing (started with
+    ``_thread.start_new_thread``, as C code starts threads) is sampled within a few
+    milliseconds of its own CPU time. The native engine's feeder looks threads up only
+    every 100 ms, and the C thread wakes it at the next tick that sees a new thread
+    state (a wake and one GIL hand-off: ~6 ms of the new thread's CPU here). Without
+    that wake the first sample came at a random point of the 100 ms (each of five
+    threads past 30 ms of CPU with odds 0.7)."""
+    import _thread
+
+    natives, done = [], threading.Semaphore(0)
+
+    def raw_worker() -> None:
+        natives.append(threading.get_native_id())
+        spin(0.1)
+        done.release()
+
+    ctl = sampler.create_sampler(sampler.ALL_THREADS, 0.001)
+    for _ in range(5):
+        _thread.start_new_thread(raw_worker, ())
+        assert done.acquire(timeout=60)
+    ctl.stop()
+    first_cpu = {t.native_id: t.first_cpu for t in ctl.get_snapshots().threads if t.kind == "thread"}
+    assert all(n in first_cpu for n in natives), f"never sampled: {[n for n in natives if n not in first_cpu]}"
+    late = {n: round(first_cpu[n], 4) for n in natives if first_cpu[n] > 0.03}
+    assert not late, f"first sampled after this much of their own CPU: {late}"
+
+
+@pytest.mark.engines("native")
+def test_the_collector_wakes_the_feeder_for_a_new_thread_and_for_a_buffer_half_full():
+    """The feeder takes the GIL every 100 ms, or when the C thread wakes it: for a
+    thread state just made (while it watches threads) and for its active buffer half
+    full (so that it is drained before it fills and drops samples)."""
+    import _thread
+
+    from sampler import _native
+
+    engine = _native.Engine(0.001)
+    engine.start()
+    go = threading.Lock()
+    go.acquire()
+    try:
+        assert engine.feeder_wait(0.05) is False  # not watching: nothing wakes it
+        engine.watch_threads(True)
+        engine.feeder_wait(0.1)  # (the first look is news: a wake)
+        assert engine.feeder_wait(0.2) is False  # no thread started meanwhile
+        _thread.start_new_thread(go.acquire, ())
+        assert engine.feeder_wait(60.0) is True  # (woken at once, not after a minute)
+    finally:
+        go.release()
+        engine.stop()
+
+    half = 65536 // 2
+    engine = _native.Engine(0.0005, buffer_bytes=2 * half)
+    engine.set_targets([(0, _native.current_thread_state(), threading.get_ident(), None, 0)])
+    engine.start()
+    try:
+        assert engine.feeder_wait(60.0) is True
+        samples, codes = engine.drain()
+    finally:
+        engine.stop()
+    # what the buffer held: each sample (a 48-byte record and its frames), and the
+    # names of each code object met (a 48-byte record, then its strings, padded)
+    used = sum(48 + len(s[5] or b"") for s in samples) + sum(
+        48 + (len(c[5]) * c[4] + len(c[7]) * c[6] + len(c[8]) + 7) // 8 * 8 for c in codes)
+    assert half < used < 2 * half
+
+
 @pytest.mark.engines("native")
 def test_a_thread_reading_the_engine_never_holds_up_the_collector():
     """Four busy threads and one more reading the engine's statistics in a loop (as

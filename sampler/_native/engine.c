@@ -20,6 +20,7 @@
 #include "shadowstacks.h"
 #include "gchook.h"
 #include "gilholder.h"
+#include "threadwatch.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -40,6 +41,7 @@
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered per drain epoch */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
+#define SS_THREAD_WAKE_GAP 20000000  /* ns: the feeder is woken for new threads at most this often */
 
 enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16, SS_PREEMPTED = 32 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
@@ -137,6 +139,16 @@ typedef struct {
     int want_marks;
     int64_t feeder_due_ns;     /* the feeder's turn with the GIL begins (atomic;
                                   INT64_MAX: not due) */
+    /* the feeder's wait (feeder_wait): the collector, or Python, ends it early */
+    pthread_mutex_t feeder_lock;
+    pthread_cond_t feeder_cond;
+    int feeder_kicked;         /* guarded by feeder_lock */
+    int watch_threads;         /* wake the feeder when a thread state is made (atomic) */
+    PyInterpreterState *interp;
+    uint64_t newest_thread;    /* collector-only: ss_newest_thread when last read */
+    int thread_news;           /* collector-only: it changed, the feeder not woken yet */
+    int64_t thread_wake_ns;    /* collector-only: when the feeder was last woken for it */
+    int half_full_told;        /* the feeder was woken for the active buffer's fill */
     /* output */
     ss_buffer active, spare;
     uint32_t epoch;
@@ -754,10 +766,46 @@ static void sample_target(Engine *e, ss_target *t) {
 
 static void take_pending(Engine *e);
 
+/* End the feeder's wait now (from the collector or from Python). */
+static void wake_feeder(Engine *e) {
+    pthread_mutex_lock(&e->feeder_lock);
+    e->feeder_kicked = 1;
+    pthread_cond_signal(&e->feeder_cond);
+    pthread_mutex_unlock(&e->feeder_lock);
+}
+
+/* The feeder takes its turn (and the GIL) only every REFRESH_STATIC seconds while
+ * nothing needs it sooner; the collector wakes it at once for what does: a thread
+ * starting (to look up: threadwatch.h) and a buffer half full (drained before it
+ * fills, however many threads are read and however deep). For threads, at most once
+ * per SS_THREAD_WAKE_GAP, as often as the feeder looked for them before: a program
+ * whose C threads call Python through a fresh thread state each time (a callback
+ * from a foreign thread) changes the newest state at every call, and must not get
+ * a turn of the feeder at every tick. (The feeder itself looks again every 2 ms
+ * while it sees a thread starting.) */
 static void tick(Engine *e) {
     take_pending(e);
     for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i]);
     e->ticks++;
+    int wake = 0;
+    if (__atomic_load_n(&e->watch_threads, __ATOMIC_RELAXED)) {
+        uint64_t newest = ss_newest_thread(&e->reader, e->interp);
+        if (newest != e->newest_thread) {
+            e->newest_thread = newest;
+            e->thread_news = 1;
+        }
+        int64_t now = mono_ns();
+        if (e->thread_news && now - e->thread_wake_ns >= SS_THREAD_WAKE_GAP) {
+            e->thread_news = 0;
+            e->thread_wake_ns = now;
+            wake = 1;
+        }
+    }
+    if (!e->half_full_told && e->active.used > e->active.cap / 2) {
+        e->half_full_told = 1;
+        wake = 1;
+    }
+    if (wake) wake_feeder(e);
 }
 
 /* Ask the kernel for a short time slice (Linux 6.12 and later, unprivileged), so
@@ -861,7 +909,10 @@ static int init_sync(Engine *e) {
     if (pthread_condattr_init(&attr) != 0) return -1;
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     int rc = pthread_cond_init(&e->wake, &attr);
+    if (rc == 0) rc = pthread_cond_init(&e->feeder_cond, &attr);
     pthread_condattr_destroy(&attr);
+    if (rc == 0) rc = pthread_mutex_init(&e->feeder_lock, NULL);
+    e->feeder_kicked = 0;
     return rc == 0 ? 0 : -1;
 }
 
@@ -940,6 +991,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         return -1;
     }
     e->epoch = 1;
+    e->interp = PyInterpreterState_Get();
     ss_reader_init(&e->reader);
     if (init_sync(e) != 0) {
         free_buffers(e);
@@ -1019,18 +1071,47 @@ static PyObject *Engine_stop(Engine *e, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* feeder_turn_in(seconds) / feeder_turn_over(): when the feeder thread's turn with
- * the GIL begins (it asks for the GIL as its timed wait ends) and when it is over;
- * a thread that held the GIL during it is PARKED while found without it, awake
- * (see sample_target). */
-static PyObject *Engine_feeder_turn_in(Engine *e, PyObject *arg) {
+/* feeder_wait(seconds) -> woken: the feeder's wait between its turns, with the GIL
+ * released; it ends after `seconds`, or earlier when the collector or Python wakes
+ * it (wake_feeder; then True). The turn with the GIL begins as the wait ends (the
+ * feeder asks for the GIL then), and feeder_turn_over() says when it is over: a
+ * thread that held the GIL during it is PARKED while found without it, awake (see
+ * sample_target). */
+static PyObject *Engine_feeder_wait(Engine *e, PyObject *arg) {
     double seconds = PyFloat_AsDouble(arg);
     if (seconds == -1.0 && PyErr_Occurred()) return NULL;
     if (!(seconds >= 0 && seconds < 1e6)) {
-        PyErr_SetString(PyExc_ValueError, "feeder_turn_in: seconds must be in [0, 1e6)");
+        PyErr_SetString(PyExc_ValueError, "feeder_wait: seconds must be in [0, 1e6)");
         return NULL;
     }
-    __atomic_store_n(&e->feeder_due_ns, mono_ns() + (int64_t)(seconds * 1e9), __ATOMIC_RELAXED);
+    int64_t until = mono_ns() + (int64_t)(seconds * 1e9);
+    int woken;
+    __atomic_store_n(&e->feeder_due_ns, until, __ATOMIC_RELAXED);
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+    pthread_mutex_lock(&e->feeder_lock);
+    /* (a spurious return, or one for a signal, waits again until the deadline) */
+    while (!e->feeder_kicked && pthread_cond_timedwait(&e->feeder_cond, &e->feeder_lock, &ts) != ETIMEDOUT)
+        ;
+    woken = e->feeder_kicked;
+    e->feeder_kicked = 0;
+    pthread_mutex_unlock(&e->feeder_lock);
+    if (woken) __atomic_store_n(&e->feeder_due_ns, mono_ns(), __ATOMIC_RELAXED);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(woken);
+}
+
+/* wake_feeder(): end the feeder's current or next wait at once. */
+static PyObject *Engine_wake_feeder(Engine *e, PyObject *Py_UNUSED(ignored)) {
+    wake_feeder(e);
+    Py_RETURN_NONE;
+}
+
+/* watch_threads(on): wake the feeder whenever a thread state is made (threadwatch.h). */
+static PyObject *Engine_watch_threads(Engine *e, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    __atomic_store_n(&e->watch_threads, on, __ATOMIC_RELAXED);
     Py_RETURN_NONE;
 }
 
@@ -1232,6 +1313,7 @@ static PyObject *Engine_drain(Engine *e, PyObject *unused) {
     full = e->active;
     e->active = e->spare;
     e->active.used = 0;
+    e->half_full_told = 0;
     e->epoch++;
     if (e->epoch == 0) e->epoch = 1;
     UNLOCK(e);
@@ -1338,6 +1420,8 @@ static void Engine_dealloc(Engine *e) {
         pthread_mutex_destroy(&e->lock);
         pthread_mutex_destroy(&e->pending_lock);
         pthread_cond_destroy(&e->wake);
+        pthread_mutex_destroy(&e->feeder_lock);
+        pthread_cond_destroy(&e->feeder_cond);
     }
     ss_reader_close(&e->reader);
     free_buffers(e);
@@ -1349,9 +1433,13 @@ static PyMethodDef Engine_methods[] = {
     {"stop", (PyCFunction)Engine_stop, METH_NOARGS, "Stop the collector thread and wait for it."},
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(delay, paused)"},
     {"set_shadow", (PyCFunction)Engine_set_shadow, METH_O, "set_shadow(on): sample the shadow stacks"},
-    {"feeder_turn_in", (PyCFunction)Engine_feeder_turn_in, METH_O,
-     "feeder_turn_in(seconds): the feeder's turn with the GIL begins then (threads found "
-     "neither running nor asleep from then on are PARKED)"},
+    {"feeder_wait", (PyCFunction)Engine_feeder_wait, METH_O,
+     "feeder_wait(seconds) -> woken: wait, without the GIL, until the feeder's turn (threads "
+     "found neither running nor asleep from then on are PARKED); True if woken early"},
+    {"wake_feeder", (PyCFunction)Engine_wake_feeder, METH_NOARGS,
+     "wake_feeder(): end the feeder's current or next wait at once"},
+    {"watch_threads", (PyCFunction)Engine_watch_threads, METH_O,
+     "watch_threads(on): wake the feeder whenever a thread state is made"},
     {"feeder_turn_over", (PyCFunction)Engine_feeder_turn_over, METH_NOARGS,
      "feeder_turn_over(): the feeder has let the GIL go"},
     {"set_targets", (PyCFunction)Engine_set_targets, METH_O,

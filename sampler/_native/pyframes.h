@@ -61,6 +61,7 @@ typedef struct {
 
 /* What the walker needs from one thread state. */
 typedef struct {
+    uint64_t id;              /* the interpreter's number for the state (in creation order) */
     unsigned long thread_id;  /* the pthread id, as threading.get_ident() */
     unsigned long native_id;  /* the kernel tid (3.11+), 0 when unknown */
     uintptr_t top;            /* the innermost frame, 0 when none */
@@ -79,6 +80,7 @@ typedef struct {
 static inline int ss_read_tstate(ss_reader *r, uintptr_t tstate, ss_tstate_view *out) {
     PyThreadState ts;
     if (ss_read(r, &ts, tstate, sizeof ts) != 0) return -1;
+    out->id = ts.id;
     out->thread_id = ts.thread_id;
 #if PY_VERSION_HEX >= 0x030B0000
     out->native_id = ts.native_thread_id;
