@@ -208,7 +208,10 @@ class GCWatch:
         if self._c is not None:
             return self._c.opened
         opened = self._open
-        return None if opened is None else (opened[0], int((opened[4] - self.start) * 1e6))
+        if opened is None:
+            return None
+        ident, _stack, _generation, _cpu0, wall0, _base = opened  # (as _callback makes it)
+        return ident, int((wall0 - self.start) * 1e6)
 
     def install(self) -> None:
         # The OS thread's ident function itself (gevent's original when patched):
