@@ -1090,8 +1090,9 @@ static PyObject *Engine_feeder_wait(Engine *e, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS
     struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
     pthread_mutex_lock(&e->feeder_lock);
-    /* (a spurious return, or one for a signal, waits again until the deadline) */
-    while (!e->feeder_kicked && pthread_cond_timedwait(&e->feeder_cond, &e->feeder_lock, &ts) != ETIMEDOUT)
+    /* (a spurious return waits again until the deadline; the deadline, or any error,
+     * ends the wait: never a loop that spins) */
+    while (!e->feeder_kicked && pthread_cond_timedwait(&e->feeder_cond, &e->feeder_lock, &ts) == 0)
         ;
     woken = e->feeder_kicked;
     e->feeder_kicked = 0;
