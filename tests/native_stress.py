@@ -63,10 +63,10 @@ def threads_churn() -> str:
     ALL_THREADS; each lives a moment, does a little work and waits half a
     millisecond. Every other one is started with ``_thread`` (announcing nothing),
     so that the native collector reads the newest thread state while threads come
-    and go (sampler/_native/threadwatch.h). (The wait is what lets the Python engine see a member at all: it
-    samples only where the GIL is let go, and a thread that computes for 150 us
-    from its start to its exit never lets it go in between: 0 samples of the group
-    in 5 s of churn, 120 s in CI.)"""
+    and go (sampler/_native/threadwatch.h). (The wait is what lets the Python
+    engine see a member at all: it samples only where the GIL is let go, and a
+    thread that computes for 150 us from its start to its exit never lets it go in
+    between: 0 samples of the group in 5 s of churn, 120 s in CI.)"""
     group = sampler.ThreadGroup("churn")
     everyone = sampler.create_sampler(sampler.ALL_THREADS, DELAY)
     members = sampler.create_sampler(group, DELAY)
