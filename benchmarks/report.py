@@ -25,6 +25,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + [""]
 
 
+def _gap_table(summary: dict, configs: list) -> list[str]:
+    """The pauses a loop timing itself saw, per profiler (``gap``, ``gap_pool``)."""
+    rows = []
+    for c in configs:
+        e = summary["configs"].get(c)
+        if not e:
+            continue
+        rows.append([c, _fmt(e.get("gap_ticks_hit"), ".0%") + _paren(e.get("gap_chance_ticks_hit"), ".0%"),
+                     _fmt(e.get("gap_lost_us_per_tick"), ".1f", " µs")
+                     + _paren(e.get("gap_chance_lost_us_per_tick"), ".1f", " µs"),
+                     _fmt(e.get("gap_matched_median_us"), ".1f", " µs"),
+                     _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"),
+                     _fmt(e.get("gap_excess_share"), "+.1%")])
+    return _table(["profiler", "hit", "lost/tick", "median pause hit", "excess/tick", "excess"], rows)
+
+
 def _config_rows(s: dict, configs: list[str], cell: Callable[[dict], str]) -> list[list[str]]:
     """One row per workload of summary ``s``: its name, then ``cell(entry)`` of each of
     ``configs`` -- the shape of every per-profiler table, so they all read alike.
@@ -398,18 +414,23 @@ def _issue9_sections(result: dict) -> list[str]:
                   "tick (py-spy: per sample); *excess*: the same as a share of the run (noisier: the OS "
                   "preempts the loop too). Unprofiled, the loop paused for "
                   f"{_fmt(gap['configs'].get('none', {}).get('gap_share'), '.1%')} of its run.", ""]
-        rows = []
-        for c in configs:
-            e = gap["configs"].get(c)
-            if not e:
-                continue
-            rows.append([c, _fmt(e.get("gap_ticks_hit"), ".0%") + _paren(e.get("gap_chance_ticks_hit"), ".0%"),
-                         _fmt(e.get("gap_lost_us_per_tick"), ".1f", " µs")
-                         + _paren(e.get("gap_chance_lost_us_per_tick"), ".1f", " µs"),
-                         _fmt(e.get("gap_matched_median_us"), ".1f", " µs"),
-                         _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"),
-                         _fmt(e.get("gap_excess_share"), "+.1%")])
-        lines += _table(["profiler", "hit", "lost/tick", "median pause hit", "excess/tick", "excess"], rows)
+        lines += _gap_table(gap, configs)
+    pool = s.get("gap_pool")
+    if pool:
+        lines += ["The same loop beside 32 threads that wait for the whole run (`gap_pool`: a pool of "
+                  "idle threads, as servers keep; every thread is tracked). Unprofiled, the loop paused "
+                  f"for {_fmt(pool['configs'].get('none', {}).get('gap_share'), '.1%')} of its run.", ""]
+        lines += _gap_table(pool, configs)
+    turns = s.get("gap_threads")
+    if turns:
+        lines += ["The same with threads taking turns with the GIL (`gap_threads`: four threads running "
+                  "that loop at once, each adding up its steps of at most 10 µs): *excess* is the time in "
+                  "which no thread made progress, minus the same in the paired no-profiler run, per tick "
+                  "and as a share of the run. Unprofiled, no thread made progress for "
+                  f"{_fmt(turns['configs'].get('none', {}).get('gap_share'), '.1%')} of the run.", ""]
+        lines += _table(["profiler", "excess/tick", "excess"], [
+            [c, _fmt(e.get("gap_excess_us_per_tick"), ".1f", " µs"), _fmt(e.get("gap_excess_share"), "+.1%")]
+            for c in configs if (e := turns["configs"].get(c))])
     gc_heavy = s.get("gc_heavy")
     if ours and gc_heavy:
         lines += ["GC time (`gc_heavy`: reference cycles): the `<gc>` CPU time stackshot filed over the "

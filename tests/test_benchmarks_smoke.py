@@ -84,6 +84,26 @@ def test_smoke_issue9_workloads(tmp_path):
     assert "`gevent_server`" in md and "`threads8`" in md
 
 
+def test_smoke_the_gap_workloads_with_threads(tmp_path):
+    """``gap_threads`` (threads taking turns with the GIL) and ``gap_pool`` (a busy
+    loop beside idle threads) measure their parts' CPU and the time the program lost,
+    and the table says it for each."""
+    result, md = _smoke(tmp_path, "--workloads", "gap_threads,gap_pool")
+    assert result["errors"] == []
+    s = result["summary"]
+    for w, parts in (("gap_threads", {"gt_light", "gt_heavy"}), ("gap_pool", {"gp_short", "gp_long"})):
+        truth = s[w]["truth"]
+        assert set(truth) == parts and abs(sum(truth.values()) - 1) < 1e-9, w
+        assert s[w]["configs"]["none"]["gap_share"] is not None, w
+        assert s[w]["configs"][OURS]["gap_excess_share"] is not None, w
+    # two heavy threads and two light ones, three times the work each
+    assert 0.6 < s["gap_threads"]["truth"]["gt_heavy"] < 0.9
+    assert 0.5 < s["gap_pool"]["truth"]["gp_long"] < 0.85
+    pool_run = result["raw_runs"]["gap_pool"][OURS][0]
+    assert pool_run["workload_stats"]["gap_ticks"] > 0 and pool_run["threads_left"] == 1
+    assert "(`gap_threads`: four threads" in md and "(`gap_pool`: a pool of idle threads" in md
+
+
 def test_attribution_reduces_stacks_and_tables():
     sys.path.insert(0, REPO)
     from benchmarks import attribution

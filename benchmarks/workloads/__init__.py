@@ -21,7 +21,8 @@ Each module is one workload and offers the same small interface, used by
 ``setup(params) -> state`` (untimed) and ``run(state) -> {part: seconds}`` (timed).
 ``report(state) -> dict`` (optional, untimed)
     figures the workload measured about itself during the run (``gap``: the pauses
-    its loop saw), kept as the run's ``workload_stats``.
+    its loop saw, as in ``gap_pool``; ``gap_threads``: the time no thread made
+    progress), kept as the run's ``workload_stats``.
 
 Function names carry a per-workload prefix so that a bare function name identifies
 one function across every profiler's output format.
@@ -35,7 +36,8 @@ import time
 from typing import Any, Callable
 
 WORKLOADS = ("deep", "function_bias", "threads", "sleepers", "gil_call", "greenlets",
-             "bursty", "handoff", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap", "gc_heavy")
+             "bursty", "handoff", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap",
+             "gap_threads", "gap_pool", "gc_heavy")
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
 
