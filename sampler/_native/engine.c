@@ -94,6 +94,7 @@ typedef struct {
     int stat_fd;       /* /proc/self/task/<tid>/stat, opened when first needed; -1 */
     int status_fd;     /* /proc/self/task/<tid>/status, likewise */
     long long voluntary;  /* its voluntary context switches when last read; -1 unknown */
+    uintptr_t cframe;  /* 3.11-3.12: the C frame its state named at the last walk (ss_read_top) */
     int repeat_held;   /* `repeat` is a sample not in the buffer yet (flush_repeat) */
     ss_record repeat;  /* its latest sample that found it not to have run */
 } ss_target;
@@ -410,22 +411,30 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
  * when the thread state could not be read or is no longer the thread's; -2 when the
  * stack changed under the walk (the caller reads again). Sets *base to the outermost
  * frame's address and *flags. */
-static int walk(Engine *e, const ss_target *t, uint64_t *base, uint32_t *flags) {
+static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     ss_tstate_view view;
+    uintptr_t top = 0;
+    int top_first = ss_read_top(&e->reader, t->tstate, t->cframe, &top) == 0;
     if (ss_read_tstate(&e->reader, t->tstate, &view) != 0) return -1;
     if (view.thread_id != t->ident) return -1;
+    if (view.cframe != t->cframe) {  /* (3.11-3.12: the top read first hangs off another C frame) */
+        t->cframe = view.cframe;
+        top_first = 0;
+    }
+    if (top_first) view.top = top;
     ss_regions r = {0, 0, 0, 0, 0, -1};
 #if PY_VERSION_HEX >= 0x030B0000
     /* Most frames live in the current data-stack chunk: copy the chunk (header and
-     * frames) in one read and decode frames from the copy. The top was read after
-     * datastack_top (3.11-3.12: through the C frame) while the thread ran on, so
-     * frames it pushed in between lie past datastack_top: the copy goes up to the
-     * top frame. (Copied up to datastack_top, each of those was read on its own, a
+     * frames) in one read and decode frames from the copy. The top and
+     * datastack_top are read at two moments while the thread runs on, so the top
+     * frame can lie past datastack_top (pushed before, or popped after, the other
+     * read): the copy goes up to the top frame. (Copied up to datastack_top, each of those was read on its own, a
      * system call of ~2 us per frame: 3.8 reads a tick on the deep benchmark instead
      * of 3.1, counted with perf stat.) The longer copy fails where the top is in a
      * chunk pushed since and not adjacent: then the shorter one. */
     uintptr_t copy_end = view.chunk_top;
-    if (view.top > view.chunk_top && view.top - view.chunk <= SS_CHUNK_COPY_MAX - SS_FRAME_SIZE)
+    if (view.top + SS_FRAME_SIZE > view.chunk_top && view.top >= view.chunk
+        && view.top - view.chunk <= SS_CHUNK_COPY_MAX - SS_FRAME_SIZE)
         copy_end = view.top + SS_FRAME_SIZE;
     if (view.chunk && view.chunk_top > view.chunk && copy_end - view.chunk <= SS_CHUNK_COPY_MAX) {
         int copied = ss_read(&e->reader, e->chunk_copy, view.chunk, copy_end - view.chunk) == 0;
@@ -1265,6 +1274,7 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
                 fresh[i].last_cpu = old->last_cpu;
                 fresh[i].held_gil = old->held_gil;
                 fresh[i].handed_over = old->handed_over;
+                fresh[i].cframe = old->cframe;
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
                 if (old->tid == fresh[i].tid) {  /* the same thread: keep its open stat file */
                     fresh[i].stat_fd = old->stat_fd;
