@@ -427,11 +427,12 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     /* Most frames live in the current data-stack chunk: copy the chunk (header and
      * frames) in one read and decode frames from the copy. The top and
      * datastack_top are read at two moments while the thread runs on, so the top
-     * frame can lie past datastack_top (pushed before, or popped after, the other
-     * read): the copy goes up to the top frame. (Copied up to datastack_top, each of those was read on its own, a
-     * system call of ~2 us per frame: 3.8 reads a tick on the deep benchmark instead
-     * of 3.1, counted with perf stat.) The longer copy fails where the top is in a
-     * chunk pushed since and not adjacent: then the shorter one. */
+     * frame can lie past datastack_top (popped after the top was read, or pushed
+     * after datastack_top was): the copy goes up to the top frame. (Copied up to
+     * datastack_top, each frame past it was read on its own, a system call of ~2 us
+     * per frame: 3.8 reads a tick on the deep benchmark instead of 3.1, counted with
+     * perf stat.) The longer copy fails where the top is in a chunk pushed since and
+     * not adjacent: then the shorter one. */
     uintptr_t copy_end = view.chunk_top;
     if (view.top + SS_FRAME_SIZE > view.chunk_top && view.top >= view.chunk
         && view.top - view.chunk <= SS_CHUNK_COPY_MAX - SS_FRAME_SIZE)
