@@ -19,19 +19,17 @@ as running for 3-12% of its samples).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from . import seconds_per_unit
+from .threads import run_busy_threads
 
 NAME = "gap_threads"
 DESCRIPTION = ("4 threads (2 light, 2 heavy: 1:3) running a leaf loop that times its own steps; "
                "the time none made progress")
 PARTS = ("gt_light", "gt_heavy")
 SINGLE_THREAD = False
-WORKERS = ("gt_light", "gt_heavy", "gt_light", "gt_heavy")
-WEIGHTS = {"gt_light": 1, "gt_heavy": 3}
 THRESHOLD_NS = 10_000
 CHUNK = 200_000
 
@@ -56,45 +54,30 @@ def calibrate(seconds: float) -> dict:
     per_iteration = seconds_per_unit(lambda n: gt_leaf(n, []), CHUNK)
     # (the threads take turns: the work of all of them is what fills the run; a light
     # thread does one share of it, a heavy one three)
-    shares = sum(WEIGHTS[name] for name in WORKERS)
-    return {"chunks": max(1, round(seconds / (per_iteration * CHUNK * shares))), "chunk": CHUNK}
+    return {"chunks": max(1, round(seconds / (per_iteration * CHUNK * sum(WEIGHTS)))), "chunk": CHUNK}
 
 
 def setup(params: dict) -> Any:
-    return dict(params, spans=[], lock=threading.Lock())
+    return dict(params, spans=[])
 
 
 def gt_light(chunks: int, chunk: int, spans: list) -> None:
-    for _ in range(WEIGHTS["gt_light"] * chunks):
+    for _ in range(chunks):
         gt_leaf(chunk, spans)
 
 
 def gt_heavy(chunks: int, chunk: int, spans: list) -> None:
-    for _ in range(WEIGHTS["gt_heavy"] * chunks):
+    for _ in range(chunks):
         gt_leaf(chunk, spans)
 
 
-def _timed(name: str, state: Any, start: threading.Event, out: dict) -> None:
-    worker = globals()[name]
-    start.wait()
-    t0 = time.thread_time()
-    worker(state["chunks"], state["chunk"], state["spans"])
-    used = time.thread_time() - t0
-    with state["lock"]:
-        out[name] = out.get(name, 0.0) + used
+WORKERS = (gt_light, gt_heavy, gt_light, gt_heavy)
+WEIGHTS = (1, 3, 1, 3)  # chunks of each worker, in units of ``chunks``
 
 
 def run(state: Any) -> dict:
-    start = threading.Event()
-    out: dict = {}
-    threads = [threading.Thread(target=_timed, name=f"{name}_{i}", args=(name, state, start, out))
-               for i, name in enumerate(WORKERS)]
-    for t in threads:
-        t.start()
-    start.set()
-    for t in threads:
-        t.join()
-    return out
+    units = [w * state["chunks"] for w in WEIGHTS]
+    return run_busy_threads(WORKERS, units, state["chunk"], state["spans"])
 
 
 def report(state: Any) -> dict:

@@ -28,11 +28,13 @@ def thr_spin(n: int) -> int:
     return s
 
 
-def _timed(fn: Any, n: int, out: dict, start: threading.Event) -> None:
+def _timed(fn: Any, n: int, args: tuple, out: dict, lock: threading.Lock, start: threading.Event) -> None:
     start.wait()
     t0 = time.thread_time()
-    fn(n)
-    out[fn.__name__] = time.thread_time() - t0
+    fn(n, *args)
+    used = time.thread_time() - t0
+    with lock:  # (a worker may run in several threads: their times add up)
+        out[fn.__name__] = out.get(fn.__name__, 0.0) + used
 
 
 def calibrate_units(spin: Any, weights: tuple, seconds: float) -> list:
@@ -42,11 +44,14 @@ def calibrate_units(spin: Any, weights: tuple, seconds: float) -> list:
     return [round(base * w) for w in weights]
 
 
-def run_busy_threads(workers: tuple, units: list) -> dict:
-    """Each worker in its own thread on its units, all released at once; their CPU times."""
+def run_busy_threads(workers: tuple, units: list, *args: Any) -> dict:
+    """Each worker in its own thread on its units (then ``args``), all released at once;
+    their CPU times, by worker (summed over the threads of a worker that runs in more
+    than one)."""
     out: dict = {}
+    lock = threading.Lock()
     start = threading.Event()
-    threads = [threading.Thread(target=_timed, args=(fn, n, out, start), name=fn.__name__)
+    threads = [threading.Thread(target=_timed, args=(fn, n, args, out, lock, start), name=fn.__name__)
                for fn, n in zip(workers, units)]
     for t in threads:
         t.start()
