@@ -40,8 +40,10 @@ except ImportError:  # pragma: no cover - greenlet is a dependency
 
 try:
     from ._native import frame_address as _frame_address
+    from ._native import note_switching as _note_switching
 except ImportError:  # the native engine is not built: no addresses needed
     _frame_address = None
+    _note_switching = None
 
 _ids = itertools.count(1)
 # id(greenlet) -> its record (a dead greenlet's until pruned: see _prune)
@@ -192,10 +194,21 @@ class SwitchHook:
         self.current: Optional[GreenletRecord] = None
         # (perf_counter_ns() at the switch, the greenlet switched to), oldest first
         self.log: deque = deque(maxlen=LOG_SIZE)
+        self.switched = False  # its thread has switched since the hook was made
+
+    def _first_switch(self) -> None:
+        """Tell the native engine that this thread switches greenlets: it then files
+        each of the thread's samples, never one for a stretch showing one stack (the
+        hub's loop at two ticks, other greenlets run between them)."""
+        self.switched = True
+        if _note_switching is not None:
+            _note_switching()
 
     def __call__(self, event: str, args: Any) -> None:
         if self.users and (event == "switch" or event == "throw"):
             try:
+                if not self.switched:
+                    self._first_switch()
                 target = args[1]
                 rec = _records.get(id(target))
                 if rec is None or rec.ref() is not target:

@@ -94,6 +94,7 @@ ASLEEP = _native.ASLEEP
 ONCPU = _native.ONCPU
 PARKED = _native.PARKED
 PREEMPTED = _native.PREEMPTED
+SAME = _native.SAME
 _UNKNOWN = Frame("<unknown code>", "<unknown>", 0, None)
 _C_ENTRY = -2  # the "instruction offset" of a C callable's entry on a shadow stack
 _TRUNCATED = Frame("<truncated>", "<stackshot>", 0, None)
@@ -229,7 +230,7 @@ class _Slot:
     """One OS thread the C thread reads, and what its samples are filed under."""
 
     __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks", "last_wall_us",
-                 "last_cpu_us", "slept_in", "ran", "ran_at", "runs")
+                 "last_cpu_us", "slept_in", "ran", "ran_at", "runs", "last_read")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -247,6 +248,9 @@ class _Slot:
         self.ran_at: Optional[int] = None  # the wall clock of that sample, if it is the last
         # the places it was seen running at its latest such samples, oldest first
         self.runs: deque = deque(maxlen=RECENT_RUNS)
+        # (frames, base, marks) of its last sample that came with frames: what a
+        # SAME sample (the C thread read them again) shows
+        self.last_read: Optional[tuple[bytes, int, tuple]] = None
 
 
 def _other_thread_now(target: Target, states: dict) -> bool:
@@ -644,6 +648,14 @@ class NativeCollector(Steering):
             slot = self._slots.get(number)
             if slot is None:
                 continue
+            if flags & SAME:  # the stack its last sample with frames showed, read again
+                if slot.last_read is None:
+                    continue  # (cannot be: that sample came before it, in this drain)
+                raw, base, marks = slot.last_read
+                flags &= ~SAME
+                sample = (number, flags, wall_ns, cpu_ns, base, raw, marks)
+            elif raw is not None:
+                slot.last_read = (raw, base, marks)
             wall_us = int(wall_ns / 1000 - start_us)
             if (opened is not None and slot.ident == opened[0] and wall_us >= opened[1]
                     and len(self._held) < MAX_HELD):

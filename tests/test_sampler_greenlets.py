@@ -14,7 +14,7 @@ import time
 import greenlet
 import pytest
 
-from sampler import create_sampler
+from sampler import ALL_THREADS, create_sampler
 
 from sampling_helpers import spin, spin_sampled, spin_until_sampled, switch_error_margin, wait_until
 
@@ -109,6 +109,65 @@ def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
     snaps = ctl.get_snapshots()
     assert len(snaps) > 10
     assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
+
+
+@pytest.mark.engines("native")
+def test_a_thread_that_switches_greenlets_has_every_read_filed():
+    """The native engine files a stretch of reads that find a thread at one stack as
+    the stretch's last read alone (SAME). In a thread that switches greenlets the
+    same stack at two ticks can be one greenlet's, waiting again, with others run in
+    between: each read keeps the switches of its own interval, so from its first
+    switch on, a thread gets every read filed. Two threads run the same loop (0.5 ms
+    of work, a 2 ms sleep), one of them switching to a greenlet for the work: reads
+    of the plain one are kept back, of the other none."""
+    from sampler.native_engine import SAME
+
+    def crunch() -> None:
+        end = time.thread_time() + 0.0005
+        while time.thread_time() < end:
+            pass
+
+    def plain() -> None:
+        for _ in range(150):
+            crunch()
+            time.sleep(0.002)
+
+    def switching() -> None:
+        def work() -> None:
+            while True:
+                crunch()
+                main.switch()
+
+        main = greenlet.getcurrent()
+        worker = greenlet.greenlet(work)
+        for _ in range(150):
+            worker.switch()
+            time.sleep(0.002)
+
+    ctl = create_sampler(ALL_THREADS, 0.001)
+    collector = ctl._collector
+    flags_of: dict = {"plain": [], "switching": []}
+    names: dict = {}
+    file = collector._file
+
+    def watching_file(samples, codes):
+        for sample in samples:
+            slot = collector._slots.get(sample[0])
+            if slot is not None and slot.ident in names:
+                flags_of[names[slot.ident]].append(sample[1])
+        file(samples, codes)
+
+    collector._file = watching_file
+    threads = [threading.Thread(target=run, name=run.__name__) for run in (plain, switching)]
+    for t in threads:
+        t.start()
+        names[t.ident] = t.name
+    for t in threads:
+        t.join()
+    ctl.stop()
+    same = {name: sum(1 for f in flags if f & SAME) for name, flags in flags_of.items()}
+    assert len(flags_of["switching"]) > 100, flags_of
+    assert same["plain"] > 10 and same["switching"] == 0, same
 
 
 @pytest.mark.engines("native")

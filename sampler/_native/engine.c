@@ -21,6 +21,7 @@
 #include "gchook.h"
 #include "gilholder.h"
 #include "threadwatch.h"
+#include "switching.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -43,7 +44,8 @@
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 #define SS_THREAD_WAKE_GAP 20000000  /* ns: the feeder is woken for new threads at most this often */
 
-enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16, SS_PREEMPTED = 32 };
+enum { SS_REPEAT = 1, SS_TRUNCATED = 2, SS_ASLEEP = 4, SS_ONCPU = 8, SS_PARKED = 16, SS_PREEMPTED = 32,
+       SS_SAME = 64 };
 enum { SS_TAG_SAMPLE = 1, SS_TAG_CODE = 2 };
 
 /* One sample in a buffer; followed by nframes ss_entry, then nmarks uint32 (padded). */
@@ -95,8 +97,11 @@ typedef struct {
     int status_fd;     /* /proc/self/task/<tid>/status, likewise */
     long long voluntary;  /* its voluntary context switches when last read; -1 unknown */
     uintptr_t cframe;  /* 3.11-3.12: the C frame its state named at the last walk (ss_read_top) */
-    int repeat_held;   /* `repeat` is a sample not in the buffer yet (flush_repeat) */
-    ss_record repeat;  /* its latest sample that found it not to have run */
+    int held;          /* `held_rec` is a sample not in the buffer yet (flush_held) */
+    ss_record held_rec;  /* its latest sample of a stretch filed once (REPEAT or SAME) */
+    size_t last_off;   /* where its last sample with frames is in the active buffer, */
+    uint32_t last_epoch;  /* in this epoch of it (0: none) */
+    uint64_t state_id; /* its thread state's number, read at each walk (switching.h) */
 } ss_target;
 
 typedef struct {
@@ -417,6 +422,7 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     int top_first = ss_read_top(&e->reader, t->tstate, t->cframe, &top) == 0;
     if (ss_read_tstate(&e->reader, t->tstate, &view) != 0) return -1;
     if (view.thread_id != t->ident) return -1;
+    t->state_id = view.id;
     if (view.cframe != t->cframe) {  /* (3.11-3.12: the top read first hangs off another C frame) */
         t->cframe = view.cframe;
         top_first = 0;
@@ -539,13 +545,14 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     return depth;
 }
 
-static void append_record(Engine *e, const ss_record *rec, const ss_entry *frames, const uint32_t *marks) {
+/* Returns 0 when the record is in the buffer, -1 when it was full (the record lost). */
+static int append_record(Engine *e, const ss_record *rec, const ss_entry *frames, const uint32_t *marks) {
     size_t marks_bytes = ((size_t)rec->nmarks * sizeof(uint32_t) + 7) & ~(size_t)7;
     size_t need = sizeof *rec + (size_t)rec->nframes * sizeof(ss_entry) + marks_bytes;
     ss_buffer *b = &e->active;
     if (b->used + need > b->cap) {
         e->lost++;
-        return;
+        return -1;
     }
     char *p = b->data + b->used;
     memcpy(p, rec, sizeof *rec);
@@ -555,24 +562,91 @@ static void append_record(Engine *e, const ss_record *rec, const ss_entry *frame
     if (rec->nmarks) memcpy(p, marks, (size_t)rec->nmarks * sizeof(uint32_t));
     b->used += need;
     e->samples++;
+    return 0;
 }
 
-/* File the sample kept back for a thread that has not run (sample_target), before
- * any other record of that thread, and before a drain or a change of targets. A
- * thread that does not run for a while is filed once for the whole stretch, not at
- * every tick: its stack is the same and its CPU clock did not move, so the one
- * sample at the stretch's end carries all its time (as the samples in between did
- * under every interval rule: each of them gave its interval to the same stack). A
- * pool of idle threads cost the feeder a sample each per tick: 8 threads at 1 ms
- * kept it holding the GIL 1.9% of the time. */
-static void flush_repeat(Engine *e, ss_target *t) {
-    if (!t->repeat_held) return;
-    t->repeat_held = 0;
-    append_record(e, &t->repeat, NULL, NULL);
+/* A stretch of samples of one thread is filed as its last sample alone: the stretch
+ * in which it did not run (REPEAT: its CPU clock did not move, so neither did its
+ * stack), and the stretch in which it was read again and again with the same frames
+ * at the same instructions, the same marks and the same flags (SAME: a thread
+ * waiting for the GIL wakes at each switch interval, uses a few microseconds and
+ * waits again; one in a long C call). The sample before the stretch showed the same
+ * stack, so the one sample at its end carries all its time to that stack under
+ * every interval rule, as the samples in between did (each gave its interval to
+ * that stack); only their number is lower. The held sample is filed before any
+ * other record of its thread, and before a drain or a change of targets.
+ * Measured: a pool of idle threads cost the feeder a sample each per tick (8
+ * threads at 1 ms kept it holding the GIL 1.9% of the time); so did threads
+ * taking turns with the GIL, each found waiting at most ticks. */
+static void flush_held(Engine *e, ss_target *t) {
+    if (!t->held) return;
+    t->held = 0;
+    append_record(e, &t->held_rec, NULL, NULL);
 }
 
-static void flush_repeats(Engine *e) {
-    for (Py_ssize_t i = 0; i < e->n_targets; i++) flush_repeat(e, &e->targets[i]);
+static void flush_held_all(Engine *e) {
+    for (Py_ssize_t i = 0; i < e->n_targets; i++) flush_held(e, &e->targets[i]);
+}
+
+/* Keep back a REPEAT or SAME sample of t, as the last of the stretch held so far
+ * when it can be: a REPEAT (the thread has not run since) extends any stretch to
+ * its time; a SAME ends a stretch of REPEATs, or of SAMEs with the same flags (a
+ * thread woken and found waiting in the same place has its CPU filed as a run
+ * before the wait: filed as one, the runs of the stretch add up to the same). A
+ * SAME with other flags is a new stretch. */
+static void hold(Engine *e, ss_target *t, const ss_record *rec) {
+    ss_record *h = &t->held_rec;
+    if (t->held) {
+        if (rec->flags == SS_REPEAT) {  /* (its CPU clock is no later than the held one's) */
+            h->wall_ns = rec->wall_ns;
+            return;
+        }
+        if (h->flags == SS_REPEAT || h->flags == rec->flags) {
+            *h = *rec;
+            return;
+        }
+        flush_held(e, t);
+    }
+    *h = *rec;
+    t->held = 1;
+}
+
+/* Whether a sample just read of t shows what its last sample with frames showed: the
+ * same frames (code, instruction, fingerprint), the same outermost frame and marks,
+ * the same truncation. That sample is compared where it lies in the buffer, so only
+ * while the buffer holds it (until the next drain). */
+static int same_as_last_read(const Engine *e, const ss_target *t, const ss_record *rec, const ss_entry *frames,
+                             const uint32_t *marks) {
+    if (t->last_epoch != e->epoch) return 0;
+    const ss_record *last = (const ss_record *)(e->active.data + t->last_off);
+    if (last->nframes != rec->nframes || last->nmarks != rec->nmarks || last->base != rec->base
+        || ((last->flags ^ rec->flags) & SS_TRUNCATED))
+        return 0;
+    const char *p = (const char *)(last + 1);
+    size_t frames_bytes = (size_t)rec->nframes * sizeof(ss_entry);
+    if (frames_bytes && memcmp(p, frames, frames_bytes) != 0) return 0;
+    return rec->nmarks == 0 || memcmp(p + frames_bytes, marks, (size_t)rec->nmarks * sizeof(uint32_t)) == 0;
+}
+
+/* File a sample read with its frames: kept back as SAME (no frames: the thread's
+ * last ones, Python keeps them) while it repeats the last one filed with frames,
+ * else written out. Not for a thread that switches greenlets (switching.h): the
+ * same stack at two ticks can be the hub's, waiting again after other greenlets
+ * ran between them, and filing keeps each interval's switches apart. */
+static void file_read(Engine *e, ss_target *t, ss_record *rec, const ss_entry *frames, const uint32_t *marks) {
+    if (!ss_switches_greenlets(t->state_id) && same_as_last_read(e, t, rec, frames, marks)) {
+        rec->flags |= SS_SAME;
+        rec->nframes = 0;
+        rec->nmarks = 0;
+        hold(e, t, rec);
+        return;
+    }
+    flush_held(e, t);
+    size_t at = e->active.used;
+    if (append_record(e, rec, frames, marks) == 0) {
+        t->last_off = at;
+        t->last_epoch = e->epoch;
+    }
 }
 
 /* Open /proc/self/task/<tid>/<name> once per target (the fd is kept in *fd); -1 when
@@ -667,7 +741,7 @@ static void sample_target(Engine *e, ss_target *t) {
     int64_t wall = mono_ns();
     if (t->has_clock && read_clock_ns(t->clock, &cpu) != 0) {
         t->gone = 1;  /* the kernel no longer knows the thread */
-        flush_repeat(e, t);
+        flush_held(e, t);
         return;
     }
     ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
@@ -675,8 +749,7 @@ static void sample_target(Engine *e, ss_target *t) {
         /* (not having run, it holds the GIL as it did then: see PARKED below) */
         if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
         rec.flags = SS_REPEAT;  /* it has not run: its stack cannot have changed */
-        t->repeat = rec;        /* kept back: only the last of a run of these is filed */
-        t->repeat_held = 1;
+        hold(e, t, &rec);       /* kept back: only the last of a run of these is filed */
         return;
     }
     /* With marks, a walk counts only if the thread's mark stack did not change while
@@ -786,8 +859,7 @@ static void sample_target(Engine *e, ss_target *t) {
         rec.nmarks = kept;
     }
     if (e->shadow) use_shadow(e, t, &rec);
-    flush_repeat(e, t);
-    append_record(e, &rec, e->frames, e->marks_out);
+    file_read(e, t, &rec, e->frames, e->marks_out);
     t->has_last = 1;
     /* (the clock before the walk: a thread that ran while it was read may have left
      * the stack read, and must be read again even if it has not run since; seen: a
@@ -1265,7 +1337,7 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
     }
     Py_DECREF(seq);
     LOCK(e);
-    flush_repeats(e);
+    flush_held_all(e);
     /* keep what is known of targets that stay (same context, same thread state) */
     for (Py_ssize_t i = 0; i < n; i++) {
         for (Py_ssize_t j = 0; j < e->n_targets; j++) {
@@ -1276,6 +1348,8 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
                 fresh[i].held_gil = old->held_gil;
                 fresh[i].handed_over = old->handed_over;
                 fresh[i].cframe = old->cframe;
+                fresh[i].last_off = old->last_off;  /* (its last sample, if still in the buffer) */
+                fresh[i].last_epoch = old->last_epoch;
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
                 if (old->tid == fresh[i].tid) {  /* the same thread: keep its open stat file */
                     fresh[i].stat_fd = old->stat_fd;
@@ -1346,7 +1420,7 @@ static PyObject *unpack_code(const char *p, const ss_code_record *rec) {
 static PyObject *Engine_drain(Engine *e, PyObject *unused) {
     ss_buffer full;
     LOCK(e);
-    flush_repeats(e);
+    flush_held_all(e);
     full = e->active;
     e->active = e->spare;
     e->active.used = 0;
@@ -1603,6 +1677,7 @@ static PyMethodDef module_methods[] = {
      "gil_held_by(tstate, seconds): whether that thread state is seen holding the GIL (read as the collector does)"},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
     SS_SHADOW_METHODS
+    SS_SWITCHING_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -1625,6 +1700,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "MAX_DEPTH", SS_MAX_DEPTH);
     PyModule_AddIntConstant(m, "MAX_MARKS", SS_MAX_MARKS);
     PyModule_AddIntConstant(m, "REPEAT", SS_REPEAT);
+    PyModule_AddIntConstant(m, "SAME", SS_SAME);
     PyModule_AddIntConstant(m, "TRUNCATED", SS_TRUNCATED);
     PyModule_AddIntConstant(m, "ASLEEP", SS_ASLEEP);
     PyModule_AddIntConstant(m, "ONCPU", SS_ONCPU);
