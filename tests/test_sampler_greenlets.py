@@ -14,6 +14,7 @@ import time
 import greenlet
 import pytest
 
+from analyzer import sample_weights
 from sampler import ALL_THREADS, create_sampler
 
 from sampling_helpers import spin, spin_sampled, spin_until_sampled, switch_error_margin, wait_until
@@ -111,6 +112,52 @@ def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
     assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
 
 
+def _work_in_a_greenlet_between_sleeps(work, rounds: int) -> None:
+    """``rounds`` times: switch to a greenlet that runs ``work`` and switches back,
+    then sleep 2 ms (the greenlet is left suspended, for the autouse fixture)."""
+    def worker_loop() -> None:
+        while True:
+            work()
+            main.switch()
+
+    main = greenlet.getcurrent()
+    worker = greenlet.greenlet(worker_loop)
+    for _ in range(rounds):
+        worker.switch()
+        time.sleep(0.002)
+
+
+@pytest.mark.engines("native")
+def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_waiting():
+    """The main greenlet switches to a worker that computes for 0.5 ms and switches
+    back, then sleeps 2 ms; sampled every 1 ms, most samples find the main greenlet
+    asleep, with the worker's CPU used since the last one. That CPU went into the
+    worker (its switch log says it ran in between), so it is filed at one of the
+    worker's recent places, not at the line of the sleep: the sleep's line had 73-83%
+    of the thread's CPU, `crunch` 17-27%, for a measured ~94%; now 97-98%. (The
+    Python engine sees the thread only where it lets the GIL go: in the sleep.)"""
+    spent = [0.0]
+
+    def crunch() -> None:
+        t0 = time.thread_time()
+        end = t0 + 0.0005
+        while time.thread_time() < end:
+            pass
+        spent[0] += time.thread_time() - t0
+
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    t0 = time.thread_time()
+    _work_in_a_greenlet_between_sleeps(crunch, 300)
+    total = time.thread_time() - t0
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    cpu = sample_weights(snaps, "cpu")
+    charged = sum(w for w, sid in zip(cpu, snaps.sample_stack)
+                  if sid and snaps.stack_frames(sid)[0].name.endswith("crunch"))
+    assert spent[0] > 0.8 * total  # (the truth: nearly all the CPU is the worker's)
+    assert charged > 0.8 * spent[0], f"crunch: {charged:.3f} s of {spent[0]:.3f} s"
+
+
 @pytest.mark.engines("native")
 def test_a_thread_that_switches_greenlets_has_every_read_filed():
     """The native engine files a stretch of reads that find a thread at one stack as
@@ -133,16 +180,7 @@ def test_a_thread_that_switches_greenlets_has_every_read_filed():
             time.sleep(0.002)
 
     def switching() -> None:
-        def work() -> None:
-            while True:
-                crunch()
-                main.switch()
-
-        main = greenlet.getcurrent()
-        worker = greenlet.greenlet(work)
-        for _ in range(150):
-            worker.switch()
-            time.sleep(0.002)
+        _work_in_a_greenlet_between_sleeps(crunch, 150)
 
     ctl = create_sampler(ALL_THREADS, 0.001)
     collector = ctl._collector
