@@ -128,7 +128,8 @@ def _work_in_a_greenlet_between_sleeps(work, rounds: int) -> None:
 
 
 @pytest.mark.engines("native")
-def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_waiting():
+@pytest.mark.parametrize("delay", [0.001, 0.005])
+def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_waiting(delay):
     """The main greenlet switches to a worker that computes for 0.5 ms and switches
     back, then sleeps 2 ms; sampled every 1 ms, most samples find the main greenlet
     asleep, with the worker's CPU used since the last one. That CPU went into the
@@ -145,7 +146,7 @@ def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_
             pass
         spent[0] += time.thread_time() - t0
 
-    ctl = create_sampler(threading.current_thread(), 0.001)
+    ctl = create_sampler(threading.current_thread(), delay)
     t0 = time.thread_time()
     _work_in_a_greenlet_between_sleeps(crunch, 300)
     total = time.thread_time() - t0
