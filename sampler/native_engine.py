@@ -735,12 +735,9 @@ class NativeCollector(Steering):
         of the main one got 17-27% of the thread's CPU for nearly all of it: the rest
         went to the line of the sleep.)"""
         ran = slot.ran
-        if ran is not None and ran[1] == base:
-            current = self._greenlet_at(slot, base, wall_us, slot.last_wall_us)
-            if ran[3] is current:
-                return ran if slot.ran_at == slot.last_wall_us else self._unseen_run(slot, ran)
-        else:
-            current = self._greenlet_at(slot, base, wall_us, slot.last_wall_us)
+        current = self._greenlet_at(slot, base, wall_us, slot.last_wall_us)
+        if ran is not None and ran[1] == base and ran[3] is current:
+            return ran if slot.ran_at == slot.last_wall_us else self._unseen_run(slot, ran)
         return self._run_in_others(slot, current, wall_us)
 
     def _run_in_others(self, slot: _Slot, current: Any, wall_us: int) -> Optional[tuple]:
@@ -755,9 +752,7 @@ class NativeCollector(Steering):
         log = self._switch_log(slot)
         if not log:
             return None
-        origin_us = self.recorder.start * 1e6
-        i = bisect_right(log, (slot.last_wall_us + origin_us) * 1000, key=_logged_at)
-        until_ns = (wall_us + origin_us) * 1000
+        i, until_ns = self._since_last_sample(slot, log, wall_us)
         others = set()
         if i:  # (the one running at the last sample, then the ones switched to since)
             i -= 1
@@ -874,9 +869,15 @@ class NativeCollector(Steering):
         log = self._switch_log(slot)
         if not log:
             return False
+        i, until_ns = self._since_last_sample(slot, log, wall_us)
+        return i < len(log) and log[i][0] <= until_ns
+
+    def _since_last_sample(self, slot: _Slot, log: list, wall_us: int) -> tuple[int, float]:
+        """The index of the first entry of switch ``log`` logged after ``slot``'s last
+        sample, and ``wall_us`` on the log's clock (ns): the switches in between."""
         origin_us = self.recorder.start * 1e6
         i = bisect_right(log, (slot.last_wall_us + origin_us) * 1000, key=_logged_at)
-        return i < len(log) and log[i][0] <= (wall_us + origin_us) * 1000
+        return i, (wall_us + origin_us) * 1000
 
     def _greenlet_at(self, slot: _Slot, base: int, wall_us: int, since_us: int) -> Any:
         """The greenlet a sample of ``slot`` showed, read after ``since_us`` and by
