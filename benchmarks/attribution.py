@@ -164,10 +164,22 @@ def within_limit(bias: Optional[dict], limit: float, z: float = 2.0) -> Optional
     open (or a standard error is unknown)."""
     if bias is None:
         return None
-    ses = [se for _, se in bias["parts"].values()]
-    if all(se is not None for se in ses) and all(abs(d) + z * se <= limit for d, se in bias["parts"].values()):
+    verdicts = [within(abs(d), se, limit, z) for d, se in bias["parts"].values()]
+    if False in verdicts:
+        return False
+    return True if all(verdicts) else None
+
+
+def within(estimate: float, se: Optional[float], limit: float, z: float = 2.0) -> Optional[bool]:
+    """Whether a figure measured as ``estimate``, with standard error ``se``, is at most
+    ``limit``: True when even ``estimate + z se`` is, False when even ``estimate - z se``
+    is over it, None when the limit lies between the two (noise leaves it open) or
+    ``se`` is unknown.  Every noise-aware verdict of the benchmark has this shape."""
+    if se is None:
+        return None
+    if estimate + z * se <= limit:
         return True
-    if any(se is not None and abs(d) - z * se > limit for d, se in bias["parts"].values()):
+    if estimate - z * se > limit:
         return False
     return None
 

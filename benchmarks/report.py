@@ -121,7 +121,9 @@ def render_markdown(result: dict) -> str:
               "*Error* is the largest difference, in percentage points, between a part's share of the "
               "time as profiled and as measured in the no-profiler runs (the truth). Where no truth is "
               "known (`deep`), *TVD* is the total variation distance of self time by function from "
-              "py-spy at 1000 Hz, in points. stackshot weighs samples by thread CPU time; its headline "
+              "py-spy at 1000 Hz, in points, judged against py-spy's own TVD at the row's sampling rate "
+              "(a 5 ms row: py-spy-200's, as it has a fifth of the samples; a 1 ms row: py-spy-1000's "
+              "from run to run). stackshot weighs samples by thread CPU time; its headline "
               "rows use the analyzer's default interval rule for snapshots"
               + _default_rules(result) + ", and the other rule is shown beside it.", ""]
 
@@ -132,8 +134,9 @@ def render_markdown(result: dict) -> str:
     if summary9:
         lines += ["## Issue 9's targets: met or not, per engine and delay", "",
                   "A target is met by a row only if every workload's check below meets it, and not met "
-                  "if one falls short; where neither, sampling noise leaves a check open (*unresolved*: "
-                  "attribution is judged on the bias over all runs, beyond two standard errors). "
+                  "if one falls short; where neither, noise leaves a check open (*unresolved*: attribution "
+                  "is judged on the bias over all runs, and slowdown on the mean of the paired ratios, "
+                  "beyond two standard errors). "
                   "*worst* is the farthest figure (workload in brackets).", ""]
         rows = []
         for v in summary9:
@@ -343,7 +346,9 @@ def derived_notes(result: dict) -> list[str]:
         if hi > 0.01:
             notes.append(f"Resolution: two consecutive runs *without* a profiler differed by a median "
                          f"{lo:.1%}–{hi:.1%} depending on the workload, more than the 1% and 3% slowdown "
-                         "targets, so the slowdown verdicts are not resolved at this machine load; the "
+                         "targets, so each slowdown check is judged on the mean of its paired ratios give "
+                         "or take two standard errors (from the none/none spread where the ratios' own "
+                         "is smaller), and left open where that range holds the target; the "
                          "collector's own CPU per tick and the gap it leaves in the program (\"What a "
                          "sample costs\") are the steadier guides to what the sampler costs.")
     deep = s.get("deep", {}).get("configs", {})
@@ -391,7 +396,7 @@ def derived_notes(result: dict) -> list[str]:
 def _issue9_sections(result: dict) -> list[str]:
     """The figures issue 9 asks for beside the tables above: what a tick costs the
     collector and the program, the rate with 1 and 8 busy threads, and TVD from py-spy
-    on pure-Python programs beside py-spy's own run-to-run TVD."""
+    on pure-Python programs beside py-spy's own (at 200 Hz, and from run to run)."""
     s = result["summary"]
     configs = [c for c in result["configs"] if c != "none"]
     ours = _ours(result)
@@ -463,8 +468,9 @@ def _issue9_sections(result: dict) -> list[str]:
     if tvd_w:
         labels = [c for c in configs if any(c in s[w]["accuracy"] for w in tvd_w)]
         lines += ["## Pure-Python programs against py-spy at 1000 Hz (TVD of self time, points)", "",
-                  "py-spy reads the stacks from outside without the GIL, so it has no GIL bias; its own "
-                  "run-to-run TVD (consecutive py-spy-1000 runs) is the noise floor beside each figure. "
+                  "py-spy reads the stacks from outside without the GIL, so it has no GIL bias, and its "
+                  "own figures are the noise floor at its rate: py-spy-200's for a 5 ms row (the same "
+                  "rate), the run-to-run TVD (consecutive py-spy-1000 runs) for a 1 ms row. "
                   "A profiler's figure is the median over its runs of the TVD from all py-spy-1000 runs "
                   "pooled (py-spy-1000 itself: from its other runs).", ""]
         rows = []

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+from typing import Optional
 
 from benchmarks.harness import BUSY_MARK
 from run_helpers import REPO, repo_env
@@ -154,6 +156,78 @@ def test_attribution_tells_a_bias_from_sampling_noise():
     # paired runs must pair up; one run has no standard error
     assert attribution.share_bias(runs(0.5), truth, ("a", "b"), paired=True) is None
     assert attribution.within_limit(attribution.share_bias(runs(0.5), truth[:1], ("a", "b"), paired=True), 2.0) is None
+
+
+def _judged(kind: str, configs: dict, accuracy: Optional[dict] = None, control: tuple = (1.0, 1.0),
+            pair_tvd: Optional[float] = None) -> dict:
+    """The checks of ``kind`` that :func:`benchmarks.harness.judge_targets` makes of one
+    hand-made workload with no truth, by config: ``configs`` and ``accuracy`` as in
+    the summary, ``control`` its none/none ratios, ``pair_tvd`` py-spy-1000's
+    run-to-run TVD."""
+    from benchmarks.harness import judge_targets
+
+    spread = statistics.median(abs(x - 1) for x in control)
+    ws = {"truth": None, "configs": configs, "accuracy": accuracy or {},
+          "noise": {"none_over_previous_none": list(control), "median_abs_deviation": spread},
+          "reference_noise": {"median_pair_tvd": pair_tvd}}
+    return {t["config"]: t for t in judge_targets({"kernel": ws}) if t["kind"] == kind}
+
+
+def test_a_truthless_workload_is_judged_on_py_spys_noise_at_the_rows_rate():
+    """A 5 ms row has a fifth of py-spy-1000's samples: its TVD from py-spy-1000 is
+    judged against py-spy-200's (+ 2 points), a 1 ms row's against py-spy-1000's
+    run to run; without py-spy-200, a 5 ms row falls back on the run-to-run floor,
+    and the verdict says so."""
+    from benchmarks.harness import issue9_verdicts
+
+    rows = {"stackshot-native-5ms": {}, "stackshot-native-1ms": {}}
+    acc = {"stackshot-native-5ms": {"tvd_vs_reference": 10.6}, "stackshot-native-1ms": {"tvd_vs_reference": 10.6}}
+    judged = _judged("attribution", rows, {**acc, "py-spy-200": {"tvd_vs_reference": 11.7}}, pair_tvd=5.6)
+    five, one = judged["stackshot-native-5ms"], judged["stackshot-native-1ms"]
+    assert five["ok"] is True and five["target"] == "<= py-spy-200's 11.7 + 2 points"
+    assert five["note"] == "py-spy at the same rate (200 Hz) from py-spy-1000: 11.7; py-spy-1000 run to run: 5.6"
+    assert issue9_verdicts([five])[0]["target"].endswith("(TVD: within 2 points of py-spy's own noise at the same rate)")
+    assert one["ok"] is False and one["target"] == "<= py-spy-1000's run-to-run 5.6 + 2 points"
+    assert one["note"] == "py-spy-1000 run to run: 5.6"
+    alone = _judged("attribution", rows, acc, pair_tvd=5.6)["stackshot-native-5ms"]
+    assert alone["ok"] is False and alone["target"] == "<= py-spy-1000's run-to-run 5.6 + 2 points"
+    assert "py-spy at the same rate (200 Hz) did not run" in alone["note"]
+    # py-spy-200 alone is enough to judge a 5 ms row (one round: no run-to-run figure)
+    assert _judged("attribution", rows, {**acc, "py-spy-200": {"tvd_vs_reference": 11.7}})[
+        "stackshot-native-5ms"]["ok"] is True
+
+
+def test_a_slowdown_is_told_from_the_machines_noise():
+    """The slowdown verdict (<= 1.01x at 5 ms): the mean of the paired ratios within
+    the limit even two standard errors up meets it, beyond it even two standard errors
+    down falls short, and one that noise could put on either side stays open. The
+    standard error is no smaller than the none/none ratios' spread allows."""
+    from benchmarks.attribution import within
+    from benchmarks.harness import issue9_verdicts, slowdown_estimate
+
+    quiet = (1.002, 0.998, 1.001, 0.999, 1.0, 1.002, 0.998)  # the machine: 0.2% from run to run
+    loud = (1.02, 0.98, 1.03, 0.97, 1.0, 1.02, 0.98)  # 2%
+
+    def verdict(ratios, control=quiet):
+        row = {"slowdown": sorted(ratios)[len(ratios) // 2], "slowdown_runs": list(ratios)}
+        return _judged("slowdown", {"stackshot-native-5ms": row}, control=control)["stackshot-native-5ms"]
+
+    straddling = verdict([0.98, 1.01, 1.04])
+    assert straddling["ok"] is None and straddling["value"] == 1.01
+    far = verdict([1.050, 1.052, 1.048])
+    assert far["ok"] is False
+    assert far["note"] == "mean 1.050x ± 0.002 (2 SE); none/none spread 0.2%"
+    assert verdict([0.998, 1.000, 1.002])["ok"] is True
+    # three ratios that agree, 2% over: short on a quiet machine; on a loud one their
+    # agreement is chance, and the machine's own noise keeps the check open
+    assert verdict([1.020, 1.021, 1.019])["ok"] is False
+    assert verdict([1.020, 1.021, 1.019], control=loud)["ok"] is None
+    # one ratio: its spread, and so the verdict, unknown
+    assert verdict([1.5])["ok"] is None and slowdown_estimate([1.5], quiet)["se"] is None
+    assert slowdown_estimate([], quiet) is None
+    assert within(1.0, 0.1, 1.25) is True and within(1.5, 0.1, 1.25) is False and within(1.2, None, 1.25) is None
+    checks = [verdict([0.98, 1.01, 1.04]), verdict([0.998, 1.000, 1.002])]
+    assert [v["met"] for v in issue9_verdicts(checks)] == [None]
 
 
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):

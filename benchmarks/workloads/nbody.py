@@ -4,8 +4,8 @@
 float operations) for each, then ``nb_move`` per body; ``nb_energy`` is computed
 now and then.  Straight-line arithmetic between calls is what a GIL-taking collector
 under-samples (DESIGN.md: such functions got a quarter of their time).  No part is
-timed: the workload is judged against py-spy at 1000 Hz, beside py-spy's own
-run-to-run TVD.
+timed: the workload is judged against py-spy at 1000 Hz, beside py-spy's own TVD
+at the row's rate (py-spy-200's for 5 ms, py-spy-1000's run to run for 1 ms).
 """
 
 from __future__ import annotations

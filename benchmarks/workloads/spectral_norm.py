@@ -6,7 +6,8 @@ a GIL-taking collector's samples land here is decided by the eval breaker (funct
 entries, loop back-edges), not by where time goes: DESIGN.md measured a ~37-point
 TVD from an external sampler on code like this.  No part is timed (timing a call of
 a few hundred nanoseconds would change it): the workload is judged against py-spy
-at 1000 Hz, which reads the stacks from outside, beside py-spy's own run-to-run TVD.
+at 1000 Hz, which reads the stacks from outside, beside py-spy's own TVD at the row's
+rate (py-spy-200's for 5 ms, py-spy-1000's run to run for 1 ms).
 """
 
 from __future__ import annotations
