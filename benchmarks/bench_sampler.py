@@ -5,12 +5,22 @@ bytes per sample.  Measured, never asserted: run it and read the numbers.
 
 Slowdown is the median, over alternating runs, of (time with sampler) / (time
 without) for a CPU-bound function running at the bottom of a 50-deep stack.
+
+The running cost is the same ratio measured inside one process: one sampler, made
+once, is resumed and paused around blocks of the same work, many pairs, in
+alternating order.  Between fresh processes, wall time differs by 1-4% with no
+profiler at all (where the interpreter's memory lands, what else runs), more than
+the 1% to resolve; within one process those differences cancel in each pair, and
+what is left is what the sampler costs while it samples: its ticks, the feeder's
+turns with the GIL.  It leaves out what a run pays once (starting the threads, the
+first look at each code object) and the final drain at stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -25,6 +35,7 @@ from sampler.recorder import Recorder  # noqa: E402
 from sampler.tracking import Tracker  # noqa: E402
 
 DEPTH = 50
+SETTLE = 0.02  # seconds between a resume (or not) and the block timed after it
 
 
 def _leaf(iterations: int) -> int:
@@ -70,6 +81,93 @@ def slowdown(delay: float, rounds: int, iterations: int) -> dict:
             "ratios": [round(r, 4) for r in ratios],
             "median_collector_cpu_per_tick_us": statistics.median(
                 i["collector_cpu_per_tick_us"] for i in infos)}
+
+
+class _Crew:
+    """``threads`` threads that each run the deep workload when told, all at once
+    (they take turns with the GIL), and wait between turns: the same threads for
+    every block, so no block pays for threads starting (the sampler looks at each
+    new thread once)."""
+
+    def __init__(self, threads: int) -> None:
+        self.iterations = 0
+        self.go = threading.Barrier(threads + 1)
+        self.done = threading.Barrier(threads + 1)
+        self.workers = [threading.Thread(target=self._work, daemon=True) for _ in range(threads)]
+        for w in self.workers:
+            w.start()
+
+    def _work(self) -> None:
+        while True:
+            self.go.wait()
+            if self.iterations < 0:
+                return
+            deep(DEPTH, self.iterations)
+            self.done.wait()
+
+    def run(self, iterations: int) -> float:
+        """Seconds for every thread to run ``iterations`` at the bottom of the stack."""
+        self.iterations = iterations
+        start = time.perf_counter()
+        self.go.wait()
+        self.done.wait()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        self.iterations = -1
+        self.go.wait()
+        for w in self.workers:
+            w.join()
+
+
+def _run_here(iterations: int) -> float:
+    start = time.perf_counter()
+    deep(DEPTH, iterations)
+    return time.perf_counter() - start
+
+
+def running_cost(delay: float, threads: int, pairs: int, block_seconds: float) -> dict:
+    """The sampler's cost while it samples, in one process (see the module docstring):
+    the geometric mean over ``pairs`` of (block sampled) / (block paused) with two
+    standard errors, each block about ``block_seconds`` of the deep workload in
+    ``threads`` threads (1: this one), every thread tracked (``ALL_THREADS``). A
+    sampled block starts 20 ms after the resume: the cost of pausing and resuming
+    is not the cost of sampling."""
+    crew = _Crew(threads) if threads > 1 else None
+    block = crew.run if crew is not None else _run_here
+    try:
+        iterations = 20_000
+        while block(iterations) < block_seconds / 4:
+            iterations *= 2
+        iterations = max(1, int(iterations * block_seconds / block(iterations)))
+        ctl = sampler.create_sampler(sampler.ALL_THREADS, delay)
+        ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
+        logs = []
+        try:
+            for p in range(pairs):
+                times = {}
+                for sampled in ((False, True) if p % 2 == 0 else (True, False)):
+                    if sampled:
+                        ctl("resume")
+                    time.sleep(SETTLE)
+                    times[sampled] = block(iterations)
+                    if sampled:
+                        ctl("pause")
+                logs.append(math.log(times[True] / times[False]))
+        finally:
+            ctl.stop()
+    finally:
+        if crew is not None:
+            crew.close()
+    run = ctl.get_snapshots().runs[0]
+    mean = statistics.fmean(logs)
+    se = statistics.stdev(logs) / len(logs) ** 0.5 if len(logs) > 1 else None
+    two_se = (math.exp(mean + 2 * se) - math.exp(mean - 2 * se)) / 2 if se is not None else None
+    return {"delay": delay, "threads": threads, "pairs": pairs, "block_seconds": block_seconds,
+            "log_mean": mean, "se": se, "ratio": math.exp(mean), "two_se": two_se,
+            "ratios": [round(math.exp(x), 4) for x in logs],
+            "collector_cpu_per_tick_us": run.collector_cpu / max(run.ticks, 1) * 1e6,
+            "engine": getattr(run, "engine", "") or "python"}
 
 
 def achieved_rate(delay: float, threads: int, seconds: float) -> dict:
@@ -155,9 +253,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds, iterations, seconds = (3, 400_000, 0.5) if args.quick else (11, 2_000_000, 2.0)
+    pairs, block = (30, 0.1) if args.quick else (60, 0.2)
     results = {
         "python": sys.version.split()[0],
         "slowdown": [slowdown(d, rounds, iterations) for d in (0.005, 0.001)],
+        "running_cost": [running_cost(d, k, pairs, block) for d in (0.005, 0.001) for k in (1, 4)],
         "rate": [achieved_rate(d, k, seconds) for d in (0.001, 0.005, 0.05) for k in (1, 8)],
         "snapshot_cost": microseconds_per_snapshot(2_000 if args.quick else 20_000),
         "memory": bytes_per_sample(100_000 if args.quick else 1_000_000),
@@ -167,6 +267,9 @@ def main(argv: list[str] | None = None) -> dict:
     for s in results["slowdown"]:
         print(f"slowdown at {s['delay'] * 1000:g} ms: {s['median_slowdown']:.4f}x "
               f"(runs {s['ratios']}; collector CPU {s['median_collector_cpu_per_tick_us']:.0f} us/tick)")
+    for c in results["running_cost"]:
+        print(f"running cost at {c['delay'] * 1000:g} ms, {c['threads']} thread(s): {c['ratio']:.4f}x "
+              f"± {c['two_se'] or float('nan'):.4f} (2 SE, {c['pairs']} pairs)")
     for r in results["rate"]:
         print(f"rate at {r['delay'] * 1000:g} ms, {r['threads']} busy thread(s): "
               f"{r['achieved_rate']:.0f}/{r['requested_rate']:.0f} Hz = {r['achieved_over_requested']:.1%}"

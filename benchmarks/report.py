@@ -501,6 +501,11 @@ def _microbench_one(mb: dict, which: str) -> list[str]:
     rows = [[f"slowdown at {x['delay'] * 1000:g} ms", f"{x['median_slowdown']:.3f}x",
              f"runs {x['ratios']}; collector {x['median_collector_cpu_per_tick_us']:.0f} µs CPU/tick"]
             for x in mb.get("slowdown", [])]
+    rows += [[f"running cost at {x['delay'] * 1000:g} ms, {x['threads']} busy thread(s)",
+              f"{x['ratio']:.4f}x",
+              f"± {_fmt(x['two_se'], '.4f')} (2 SE) over {x['pairs']} pairs of blocks sampled and paused in one "
+              f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick"]
+             for x in mb.get("running_cost", [])]
     rows += [[f"rate at {x['delay'] * 1000:g} ms, {x['threads']} busy thread(s)",
               f"{x['achieved_over_requested']:.1%}",
               f"{x['achieved_rate']:.0f} of {x['requested_rate']:.0f} Hz; late {x['late_ticks']}, "

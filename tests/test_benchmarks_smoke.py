@@ -230,6 +230,44 @@ def test_a_slowdown_is_told_from_the_machines_noise():
     assert [v["met"] for v in issue9_verdicts(checks)] == [None]
 
 
+def test_the_running_cost_is_measured_in_one_process_and_judged(monkeypatch):
+    """``bench_sampler.running_cost`` on each engine (a few tiny pairs: the figure is
+    noise here, only its shape is checked): one sampler, made once, resumed and
+    paused around the timed blocks, its pairs' mean and two standard errors; then
+    the slowdown check made of it (a mean far over the limit falls short, one well
+    under with a tight spread meets it) and the report's row."""
+    import math
+
+    from benchmarks import bench_sampler
+    from benchmarks.harness import judge_running_cost
+    from benchmarks.report import _microbench
+
+    monkeypatch.setattr(bench_sampler, "SETTLE", 0.0)
+    ran = []
+    for engine in ("native", "python"):
+        monkeypatch.setenv("STACKSHOT_ENGINE", engine)
+        try:
+            x = bench_sampler.running_cost(0.005, 2, pairs=3, block_seconds=0.02)
+        except ImportError:
+            continue  # (the extension is not built: the Python engine's row is enough)
+        assert x["engine"] == engine and x["threads"] == 2 and len(x["ratios"]) == 3
+        assert x["se"] > 0 and x["two_se"] > 0 and abs(math.log(x["ratio"]) - x["log_mean"]) < 1e-12
+        assert x["collector_cpu_per_tick_us"] > 0
+        ran.append(engine)
+    assert "python" in ran
+    row = {"delay": 0.005, "threads": 4, "pairs": 30, "block_seconds": 0.1, "engine": "native",
+           "collector_cpu_per_tick_us": 90.0, "two_se": 0.002}
+    far = dict(row, log_mean=math.log(1.03), se=0.001, ratio=1.03)
+    under = dict(row, log_mean=math.log(1.002), se=0.001, ratio=1.002, threads=1)
+    checks = judge_running_cost({"native": {"running_cost": [far, under]}})
+    assert [(c["config"], c["workload"], c["ok"]) for c in checks] == [
+        ("stackshot-native-5ms", "running cost, 4 busy threads", False),
+        ("stackshot-native-5ms", "running cost, 1 busy thread", True)]
+    assert checks[0]["note"].startswith("mean 1.030x ± 0.002 (2 SE); 30 pairs of 0.1 s blocks in one process")
+    md = "\n".join(_microbench({"native": {"running_cost": [far]}}))
+    assert "| running cost at 5 ms, 4 busy thread(s) | 1.0300x | ± 0.0020 (2 SE) over 30 pairs" in md
+
+
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
     """``gc_heavy``: stackshot's ``<gc>`` time against the workload's own gc.callbacks timing."""
     result, md = _smoke(tmp_path, "--workloads", "gc_heavy")
