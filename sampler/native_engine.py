@@ -64,14 +64,18 @@ STARTING_FOR = 0.02
 """Seconds a thread state without frames counts as starting (after that, a C thread
 between its calls into Python, say)."""
 
-REFRESH_STATIC = 0.1
+REFRESH_STATIC = 0.25
 """Seconds between turns otherwise: the set of threads to read changes only when a
 thread starts, which the C thread sees (it wakes the feeder), or by a message or a
-group's ``add`` (which wake it too). Each turn costs a CPU-bound program two GIL
-hand-offs besides the feeder's work. Measured (3.11, one CPU-bound thread under
-``ALL_THREADS``, its pauses summed against a run without a profiler): with a turn
-every 20 ms it lost 1.3-1.6% of its time at 5 ms, 1.4% at 1 ms; with this period
-0.4-0.6% at either delay."""
+group's ``add`` (which wake it too), and a buffer half full wakes it too. Each turn
+costs a CPU-bound program two GIL hand-offs besides the feeder's work. Measured
+(3.11, CPU-bound threads under ``ALL_THREADS``, the time in which none made progress
+against a run without a profiler, at 5 ms): one thread lost 1.3-1.6% of its time
+with a turn every 20 ms, 0.35-0.38% every 100 ms, 0.25-0.29% with this period
+(0.17-0.28% every 500 ms); four threads taking turns with the GIL 1.14-1.24% every
+100 ms, 0.90-1.05% with this period. What is left with four is mostly the C thread
+waking on a core where one of them runs (its short slice: ``ask_short_slice`` in
+engine.c): tracking only the idle main thread, they lost 0.4-0.6%."""
 
 MAX_KEY_CACHE_BYTES = 128 << 10
 """Bytes of raw stacks remembered to skip re-interning a stack seen before."""
