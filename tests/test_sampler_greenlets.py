@@ -127,6 +127,25 @@ def _work_in_a_greenlet_between_sleeps(work, rounds: int) -> None:
         time.sleep(0.002)
 
 
+def _timed_crunch(spent: list):
+    """A function computing 0.5 ms of CPU a call, adding the CPU it used to ``spent[0]``
+    (the truth the tests below compare with)."""
+    def crunch() -> None:
+        t0 = time.thread_time()
+        end = t0 + 0.0005
+        while time.thread_time() < end:
+            pass
+        spent[0] += time.thread_time() - t0
+    return crunch
+
+
+def _cpu_charged_to(snaps, name: str) -> float:
+    """CPU seconds charged to the samples whose innermost function is ``name``."""
+    cpu = sample_weights(snaps, "cpu")
+    return sum(w for w, sid in zip(cpu, snaps.sample_stack)
+               if sid and snaps.stack_frames(sid)[0].name.endswith(name))
+
+
 @pytest.mark.engines("native")
 @pytest.mark.parametrize("delay", [0.001, 0.005])
 def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_waiting(delay):
@@ -138,13 +157,7 @@ def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_
     of the thread's CPU, `crunch` 17-27%, for a measured ~94%; now 97-98%. (The
     Python engine sees the thread only where it lets the GIL go: in the sleep.)"""
     spent = [0.0]
-
-    def crunch() -> None:
-        t0 = time.thread_time()
-        end = t0 + 0.0005
-        while time.thread_time() < end:
-            pass
-        spent[0] += time.thread_time() - t0
+    crunch = _timed_crunch(spent)
 
     ctl = create_sampler(threading.current_thread(), delay)
     t0 = time.thread_time()
@@ -153,9 +166,7 @@ def test_cpu_used_by_a_greenlet_between_samples_goes_to_it_not_to_the_one_found_
     total = time.thread_time() - t0
     ctl.stop()
     snaps = ctl.get_snapshots()
-    cpu = sample_weights(snaps, "cpu")
-    charged = sum(w for w, sid in zip(cpu, snaps.sample_stack)
-                  if sid and snaps.stack_frames(sid)[0].name.endswith("crunch"))
+    charged = _cpu_charged_to(snaps, "crunch")
     assert spent[0] > 0.8 * total  # (the truth: nearly all the CPU is the worker's)
     # (84-102% in runs here, 17-27% before: the draw among few places seen varies)
     assert charged > 0.7 * spent[0], f"crunch: {charged:.3f} s of {spent[0]:.3f} s"
@@ -181,13 +192,7 @@ def test_cpu_of_a_greenlet_that_ended_before_its_samples_were_filed_goes_to_it(m
 
     monkeypatch.setattr(native_engine.NativeCollector, "_file", counted)
     spent = [0.0]
-
-    def crunch() -> None:
-        t0 = time.thread_time()
-        end = t0 + 0.0005
-        while time.thread_time() < end:
-            pass
-        spent[0] += time.thread_time() - t0
+    crunch = _timed_crunch(spent)
 
     def worker_loop(rounds: int) -> None:
         for _ in range(rounds):
@@ -210,9 +215,7 @@ def test_cpu_of_a_greenlet_that_ended_before_its_samples_were_filed_goes_to_it(m
     ctl.stop()
     snaps = ctl.get_snapshots()
     assert filed_during_the_run < 0.1 * sum(filed)  # (filed after the worker ended)
-    cpu = sample_weights(snaps, "cpu")
-    charged = sum(w for w, sid in zip(cpu, snaps.sample_stack)
-                  if sid and snaps.stack_frames(sid)[0].name.endswith("crunch"))
+    charged = _cpu_charged_to(snaps, "crunch")
     assert spent[0] > 0.8 * total
     assert charged > 0.7 * spent[0], f"crunch: {charged:.3f} s of {spent[0]:.3f} s"
 
