@@ -616,12 +616,8 @@ def judge_targets(summary: dict) -> list[dict]:
     """
     checks: list[dict] = []
 
-    def add(what: str, value: Optional[float], target: str, ok: Optional[bool], note: str = "",
-            config: str = "", kind: str = "", workload: str = "") -> None:
-        conf = CONFIGS.get(config, {})
-        checks.append({"what": what, "value": value, "target": target, "ok": ok, "note": note,
-                       "config": config, "kind": kind, "workload": workload,
-                       "engine": conf.get("engine"), "delay": conf.get("delay")})
+    def add(*args: Any, **kwargs: Any) -> None:
+        checks.append(_check(*args, **kwargs))
 
     for w, ws in summary.items():
         cfgs = ws["configs"]
@@ -634,8 +630,7 @@ def judge_targets(summary: dict) -> list[dict]:
                 est = slowdown_estimate(cfgs[c].get("slowdown_runs") or [],
                                         ws["noise"]["none_over_previous_none"])
                 beside = [_slowdown_text(est), "" if spread is None else f"none/none spread {spread:.1%}"]
-                add(f"slowdown, {c}, {w}", s, f"<= {limit:.2f}x",
-                    attribution.within(est["log_mean"], est["se"], math.log(limit)) if est else None,
+                add(f"slowdown, {c}, {w}", s, f"<= {limit:.2f}x", _slowdown_within(est, limit),
                     "; ".join(x for x in beside if x), c, "slowdown", w)
         if w in RATE_WORKLOADS:
             for c in ours_configs:
@@ -705,16 +700,27 @@ def judge_running_cost(micro: Optional[dict]) -> list[dict]:
                 continue
             est = {"log_mean": x["log_mean"], "se": x["se"], "estimate": x["ratio"]}
             label = f"running cost, {x['threads']} busy thread{'s' if x['threads'] > 1 else ''}"
-            checks.append({"what": f"slowdown, {config}, {label}", "value": x["ratio"],
-                           "target": f"<= {limit:.2f}x",
-                           "ok": attribution.within(x["log_mean"], x["se"], math.log(limit))
-                           if x["se"] is not None else None,
-                           "note": f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s "
-                                   f"blocks in one process; collector {x['collector_cpu_per_tick_us']:.0f} µs "
-                                   "CPU/tick",
-                           "config": config, "kind": "slowdown", "workload": label,
-                           "engine": CONFIGS[config].get("engine"), "delay": x["delay"]})
+            checks.append(_check(
+                f"slowdown, {config}, {label}", x["ratio"], f"<= {limit:.2f}x", _slowdown_within(est, limit),
+                f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s blocks in one "
+                f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick",
+                config, "slowdown", label))
     return checks
+
+
+def _check(what: str, value: Optional[float], target: str, ok: Optional[bool], note: str = "",
+           config: str = "", kind: str = "", workload: str = "") -> dict:
+    """One check of a target, as the report reads it (``ok`` None: unresolved)."""
+    conf = CONFIGS.get(config, {})
+    return {"what": what, "value": value, "target": target, "ok": ok, "note": note,
+            "config": config, "kind": kind, "workload": workload,
+            "engine": conf.get("engine"), "delay": conf.get("delay")}
+
+
+def _slowdown_within(est: Optional[dict], limit: float) -> Optional[bool]:
+    """Whether slowdown estimate ``est`` (:func:`slowdown_estimate`) is within ``limit``
+    beyond two standard errors (None: unresolved, or nothing measured)."""
+    return attribution.within(est["log_mean"], est["se"], math.log(limit)) if est else None
 
 
 def tvd_noise_floor(ws: dict, delay: float) -> Optional[dict]:

@@ -762,14 +762,14 @@ class NativeCollector(Steering):
         if not log:
             return None
         i, until_ns = self._since_last_sample(slot, log, wall_us)
-        others = set()
+        others = set()  # (greenlet records: compared by identity)
         if i:  # (the one running at the last sample, then the ones switched to since)
             i -= 1
         while i < len(log) and log[i][0] <= until_ns:
             if log[i][1] is not current:
-                others.add(id(log[i][1]))
+                others.add(log[i][1])
             i += 1
-        places = [r for r in slot.runs if r[3] is not None and id(r[3]) in others] if others else []
+        places = [r for r in slot.runs if r[3] in others] if others else []
         return places[self._draw(len(places))] if places else None
 
     def _unseen_run(self, slot: _Slot, ran: tuple) -> tuple:
