@@ -95,9 +95,12 @@ RECENT_RUNS = 16  # a thread's latest samples that found it running, kept for _u
 RECENT_PLACES = 8  # a greenlet's latest places seen running, kept for _file_turns
 MAX_PLACED_GREENLETS = 256  # greenlets per thread whose places are kept
 LIKE_TURN = math.log(1.5)  # turn lengths within this log ratio are alike (_like_turn)
-MAX_TURNS = 8  # greenlet turns between two samples filed one by one (_turns)
+MAX_TURNS = 8
+"""Turns between two samples filed one by one; beyond, one per greenlet, for the
+:data:`MAX_TURNS` greenlets that used the most CPU (``_turns``)."""
 MAX_OUTERMOST_STACKS = 1024  # greenlets' outermost functions interned as stacks (_place_of)
 _cpu_logged = itemgetter(2)  # a switch log entry's thread CPU clock
+_turn_cpu = itemgetter(1)  # a turn's CPU (_turns)
 MAX_HELD = 10_000
 """Samples held while their thread is inside a collection (see ``_file``); more
 are filed as read (a collection whose finalizers run for more than 10 s at 1 ms)."""
@@ -929,11 +932,13 @@ class NativeCollector(Steering):
         return (sid, rec.base, 0, rec)
 
     def _turns(self, slot: _Slot, cpu_us: int) -> list[tuple[Any, int, int]]:
-        """The greenlets that ran in ``slot``'s thread since its last sample and by
-        the thread's CPU clock ``cpu_us``, by the switch log: ``(record, CPU used,
-        wall clock of the end of its last turn)``, microseconds, in the order their
-        last turns ended. Empty where the log does not reach back to the last sample
-        or shows no switch in between."""
+        """The turns of greenlets in ``slot``'s thread since its last sample and by
+        the thread's CPU clock ``cpu_us``, by the switch log, in order: ``(record,
+        CPU used, wall clock where it ended)``, microseconds. The first is the turn
+        running at the last sample (from there), the last the one running at
+        ``cpu_us`` (up to there; its end: 0); turns of no CPU in between are left
+        out. Empty where the log does not reach back to the last sample or shows
+        no switch in between."""
         log = self._switch_log(slot)
         if not log or len(log[0]) < 3:
             return []
@@ -956,7 +961,11 @@ class NativeCollector(Steering):
                 turn[1] += used
                 turn[2] = ended_us
                 merged[rec] = turn
-            turns[1:-1] = [tuple(turn) for turn in merged.values()]
+            middle = [tuple(turn) for turn in merged.values()]
+            if len(middle) > MAX_TURNS:  # (the most CPU; the rest goes with the sample)
+                kept = set(map(id, sorted(middle, key=_turn_cpu, reverse=True)[:MAX_TURNS]))
+                middle = [turn for turn in middle if id(turn) in kept]
+            turns[1:-1] = middle
         final = turns.pop()
         return [turn for turn in turns if turn[1] > 0] + [final]
 

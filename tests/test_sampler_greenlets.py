@@ -275,6 +275,40 @@ def test_each_greenlet_gets_the_cpu_its_turns_used_however_the_ticks_fall(delay)
 
 
 @pytest.mark.engines("native")
+def test_many_greenlets_turns_between_two_samples_are_filed_in_bounded_samples():
+    """Forty greenlets take turns of 0.1 ms between samples 5 ms apart: each
+    interval holds about fifty turns. They are filed one per greenlet, for the
+    eight that used the most CPU (the rest goes with the sample), so the samples
+    filed stay within a bound per tick, and the thread's CPU is all charged, once."""
+    from sampler.native_engine import MAX_TURNS
+
+    def turns() -> None:
+        main = greenlet.getcurrent().parent
+        while True:
+            end = time.thread_time() + 0.0001
+            while time.thread_time() < end:
+                pass
+            main.switch()
+
+    workers = [greenlet.greenlet(turns) for _ in range(40)]
+    ctl = create_sampler(threading.current_thread(), 0.005)
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.3:
+        for worker in workers:
+            worker.switch()
+    total = time.thread_time() - t0
+    ctl.stop()
+    snaps = ctl.get_snapshots()
+    for worker in workers:
+        worker.throw(greenlet.GreenletExit)
+    charged = sum(w for w, sid in zip(sample_weights(snaps, "cpu"), snaps.sample_stack) if sid)
+    assert 0.9 * total < charged < 1.05 * total, (charged, total)
+    # (at most 2 samples a turn, MAX_TURNS + 2 turns, and the sample itself, a tick)
+    samples = sum(1 for sid in snaps.sample_stack if sid)
+    assert samples < (2 * (MAX_TURNS + 2) + 1) * (total / 0.005 + 20), samples
+
+
+@pytest.mark.engines("native")
 def test_a_thread_that_switches_greenlets_has_every_read_filed():
     """The native engine files a stretch of reads that find a thread at one stack as
     the stretch's last read alone (SAME). In a thread that switches greenlets the
