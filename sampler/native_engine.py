@@ -278,13 +278,9 @@ class _Slot:
 
 def _remember_place(places: dict, rec: Any, place: tuple) -> None:
     """Add ``place`` to greenlet ``rec``'s recent places (``_Slot.places``)."""
-    seen = places.pop(rec, None)
-    if seen is None:
-        seen = deque(maxlen=RECENT_PLACES)
-        if len(places) >= MAX_PLACED_GREENLETS:
-            del places[next(iter(places))]
+    seen = places.get(rec) or deque(maxlen=RECENT_PLACES)
     seen.append(place)
-    places[rec] = seen
+    _remember_last(places, rec, seen)
 
 
 def _like_turn(places: Any, used: int) -> list:
@@ -881,7 +877,7 @@ class NativeCollector(Steering):
             places = slot.places.get(current) if current is not None else None
             if places:
                 self._file_run(slot, places[self._draw(len(places))], cpu_us, wall_us)
-        elif current is not None and slot.starts.get(current):
+        elif current is not None and slot.starts.get(current) and cpu_us - slot.last_cpu_us > 1:
             starts = slot.starts[current]
             self._file_run(slot, starts[self._draw(len(starts))], slot.last_cpu_us + 1, slot.last_wall_us)
         else:  # the found turn is wholly the sample's
