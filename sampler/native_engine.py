@@ -860,8 +860,8 @@ class NativeCollector(Steering):
         handler's turns no sample saw, mostly its short ones, went to its long
         ones' places (3-4 points too much for the rendering at 1 ms). With the
         found turn wholly the sample's, a busy gevent server's hashing, which
-        begins its handlers' turns, got 2-3.4 points too little; split with the
-        greenlet's place before the turn (its last sample), 2-4.4 too little."""
+        begins its handlers' turns, got 1.8-3.4 points too little; split with the
+        greenlet's place before the turn (its last sample), 2.1-4.4 too little."""
         turns = self._turns(slot, cpu_us)
         if not turns:
             return False
