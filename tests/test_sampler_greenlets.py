@@ -227,17 +227,10 @@ def _cpu_under(snaps, name: str) -> float:
                if sid and any(f.name.endswith(name) for f in snaps.stack_frames(sid)))
 
 
-@pytest.mark.engines("native")
-@pytest.mark.parametrize("delay", [0.001, 0.005])
-def test_each_greenlet_gets_the_cpu_its_turns_used_however_the_ticks_fall(delay):
-    """The main greenlet naps 2 ms, then lets two workers take a turn each, 0.3 and
-    0.6 ms of CPU: one round every ~3 ms, so the ticks can lock onto the rounds and
-    never find the first worker running (seen in the benchmark's greenlet_naps: it
-    got 5-23% of the thread's CPU for 32%). The switch hook logs the thread's CPU
-    clock at every switch, so each greenlet's CPU between two samples is known and
-    charged to it, at its own places (a worker no sample found running: at its
-    outermost function). Each worker's share of the thread's CPU is within 3 points
-    of the truth, its turns timed with ``time.thread_time``."""
+def _shares_of_two_workers(delay: float, rounds: int) -> dict:
+    """Sample (every ``delay``) ``rounds`` rounds of a main greenlet napping 2 ms
+    between turns of two workers of 0.3 and 0.6 ms of CPU: for each worker, its
+    share of the thread's CPU as charged and as measured (``time.thread_time``)."""
     spent = {"light_turns": 0.0, "heavy_turns": 0.0}
 
     def turns(name: str, seconds: float) -> None:
@@ -259,7 +252,7 @@ def test_each_greenlet_gets_the_cpu_its_turns_used_however_the_ticks_fall(delay)
     ctl = create_sampler(threading.current_thread(), delay)
     workers = [greenlet.greenlet(light_turns), greenlet.greenlet(heavy_turns)]
     t0 = time.thread_time()
-    for _ in range(200):
+    for _ in range(rounds):
         for worker in workers:
             worker.switch()
         time.sleep(0.002)
@@ -269,8 +262,57 @@ def test_each_greenlet_gets_the_cpu_its_turns_used_however_the_ticks_fall(delay)
     for worker in workers:
         worker.throw(greenlet.GreenletExit)
     charged_total = sum(w for w, sid in zip(sample_weights(snaps, "cpu"), snaps.sample_stack) if sid)
-    for name, truth in spent.items():
-        share, charged = truth / total, _cpu_under(snaps, name) / charged_total
+    return {name: (_cpu_under(snaps, name) / charged_total, truth / total) for name, truth in spent.items()}
+
+
+@pytest.mark.engines("native")
+@pytest.mark.parametrize("delay", [0.001, 0.005])
+def test_each_greenlet_gets_the_cpu_its_turns_used_however_the_ticks_fall(delay):
+    """The main greenlet naps 2 ms, then lets two workers take a turn each, 0.3 and
+    0.6 ms of CPU: one round every ~3 ms, so the ticks can lock onto the rounds and
+    never find the first worker running (seen in the benchmark's greenlet_naps: it
+    got 5-23% of the thread's CPU for 32%). The switch hook logs the thread's CPU
+    clock at every switch, so each greenlet's CPU between two samples is known and
+    charged to it, at its own places (a worker no sample found running: at its
+    outermost function). Each worker's share of the thread's CPU is within 3 points
+    of the truth, its turns timed with ``time.thread_time``."""
+    for name, (charged, share) in _shares_of_two_workers(delay, 200).items():
+        assert abs(charged - share) < 0.03, f"{name}: {charged:.1%} of the thread's CPU for {share:.1%}"
+
+
+@pytest.mark.engines("native")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_greenlets_cpu_from_switch_logs_of_its_own():
+    """A child forked while a sampler runs in a thread that switches greenlets
+    inherits the thread's switch log, full of the parent's CPU clock readings; the
+    child's thread has a clock of its own, from zero. The logs start over in the
+    child, so a sampler started there charges each greenlet its turns' CPU (with the
+    parent's log kept, the light worker got 20% of the CPU for 32%)."""
+    code = """
+        import json, os, sys, threading, time
+        sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
+        import test_sampler_greenlets as t
+        from sampler import create_sampler
+
+        outer = create_sampler(threading.current_thread(), 0.005)
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+        t._shares_of_two_workers(0.001, 300)  # (the parent's switches, logged)
+        pid = os.fork()
+        if pid == 0:
+            print(json.dumps(t._shares_of_two_workers(0.001, 150)), flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        outer.stop()
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shares = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (charged, share) in shares.items():
         assert abs(charged - share) < 0.03, f"{name}: {charged:.1%} of the thread's CPU for {share:.1%}"
 
 
