@@ -95,6 +95,10 @@ RECENT_RUNS = 16  # a thread's latest samples that found it running, kept for _u
 RECENT_PLACES = 8  # a greenlet's latest places seen running, kept for _file_turns
 MAX_PLACED_GREENLETS = 256  # greenlets per thread whose places are kept
 LIKE_TURN = math.log(1.5)  # turn lengths within this log ratio are alike (_like_turn)
+MIN_TURN_US = 10
+"""A turn between two samples that used less CPU is not filed on its own: it goes
+with the sample. (A turn filed is three samples, one of them an idle marker; half
+of a gevent server's turns used less, 1.2% of their CPU.)"""
 MAX_TURNS = 8
 """Turns between two samples filed one by one; beyond, one per greenlet, for the
 :data:`MAX_TURNS` greenlets that used the most CPU (``_turns``)."""
@@ -284,9 +288,11 @@ def _remember_place(places: dict, rec: Any, place: tuple) -> None:
 
 
 def _like_turn(places: Any, used: int) -> list:
-    """The ``places`` (``_Slot.places``) seen in turns most like one of ``used`` us of
-    CPU: within half again of the closest ratio of turn lengths."""
-    ratios = [abs(math.log(max(place[4], 1) / used)) for place in places]
+    """The ``places`` (``_Slot.places``: each with the log of the CPU of the turn it
+    was seen in) seen in turns most like one of ``used`` us of CPU: within half
+    again of the closest ratio of turn lengths."""
+    log_used = math.log(used)
+    ratios = [abs(place[4] - log_used) for place in places]
     near = min(ratios) + LIKE_TURN
     return [place for place, ratio in zip(places, ratios) if ratio <= near]
 
@@ -775,7 +781,8 @@ class NativeCollector(Steering):
                 slot.ran_at = wall_us
                 slot.runs.append(slot.ran)
                 if running is not None:
-                    _remember_place(slot.places, running, slot.ran + (self._turn_length(slot, cpu_us),))
+                    turn_us = self._turn_length(slot, cpu_us)
+                    _remember_place(slot.places, running, slot.ran + (math.log(max(turn_us, 1)),))
                     if turns:
                         _remember_place(slot.starts, running, slot.ran)
 
@@ -870,6 +877,8 @@ class NativeCollector(Steering):
         for n, (rec, used, ended_us) in enumerate(turns):
             if n == last and rec is current:
                 break  # (the sample's own)
+            if used < MIN_TURN_US:
+                continue  # (goes with the sample)
             place = seen if n == 0 and seen is not None and seen[3] is rec else self._place_of(slot, rec, used)
             if place is not None:  # (None: nothing known of it; the sample gets it)
                 self._file_run(slot, place, slot.last_cpu_us + used, max(ended_us, slot.last_wall_us))
@@ -878,8 +887,10 @@ class NativeCollector(Steering):
             if places:
                 self._file_run(slot, places[self._draw(len(places))], cpu_us, wall_us)
         elif current is not None and slot.starts.get(current) and cpu_us - slot.last_cpu_us > 1:
-            starts = slot.starts[current]
-            self._file_run(slot, starts[self._draw(len(starts))], slot.last_cpu_us + 1, slot.last_wall_us)
+            # (1 us there, alone: the sample of no CPU before it would only keep that
+            # 1 us from being halved with the place filed before)
+            start = slot.starts[current][self._draw(len(slot.starts[current]))]
+            self._file_sample(slot, *start[:3], slot.last_wall_us, slot.last_cpu_us + 1, greenlet=start[3])
         else:  # the found turn is wholly the sample's
             self._file_sample(slot, sid, base, mid, slot.last_wall_us, slot.last_cpu_us, greenlet=current)
         return True
