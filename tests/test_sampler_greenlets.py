@@ -139,11 +139,17 @@ def _timed_crunch(spent: list):
     return crunch
 
 
-def _cpu_charged_to(snaps, name: str) -> float:
-    """CPU seconds charged to the samples whose innermost function is ``name``."""
+def _cpu_charged(snaps, keep=None) -> float:
+    """CPU seconds charged to the samples with a stack (those whose frames, innermost
+    first, ``keep`` accepts, if given)."""
     cpu = sample_weights(snaps, "cpu")
     return sum(w for w, sid in zip(cpu, snaps.sample_stack)
-               if sid and snaps.stack_frames(sid)[0].name.endswith(name))
+               if sid and (keep is None or keep(snaps.stack_frames(sid))))
+
+
+def _cpu_charged_to(snaps, name: str) -> float:
+    """CPU seconds charged to the samples whose innermost function is ``name``."""
+    return _cpu_charged(snaps, lambda frames: frames[0].name.endswith(name))
 
 
 @pytest.mark.engines("native")
@@ -222,9 +228,7 @@ def test_cpu_of_a_greenlet_that_ended_before_its_samples_were_filed_goes_to_it(m
 
 def _cpu_under(snaps, name: str) -> float:
     """CPU seconds charged to the samples with a function ``name`` on their stack."""
-    cpu = sample_weights(snaps, "cpu")
-    return sum(w for w, sid in zip(cpu, snaps.sample_stack)
-               if sid and any(f.name.endswith(name) for f in snaps.stack_frames(sid)))
+    return _cpu_charged(snaps, lambda frames: any(f.name.endswith(name) for f in frames))
 
 
 def _shares_of_two_workers(delay: float, rounds: int) -> dict:
@@ -261,7 +265,7 @@ def _shares_of_two_workers(delay: float, rounds: int) -> dict:
     snaps = ctl.get_snapshots()
     for worker in workers:
         worker.throw(greenlet.GreenletExit)
-    charged_total = sum(w for w, sid in zip(sample_weights(snaps, "cpu"), snaps.sample_stack) if sid)
+    charged_total = _cpu_charged(snaps)
     return {name: (_cpu_under(snaps, name) / charged_total, truth / total) for name, truth in spent.items()}
 
 
@@ -343,7 +347,7 @@ def test_many_greenlets_turns_between_two_samples_are_filed_in_bounded_samples()
     snaps = ctl.get_snapshots()
     for worker in workers:
         worker.throw(greenlet.GreenletExit)
-    charged = sum(w for w, sid in zip(sample_weights(snaps, "cpu"), snaps.sample_stack) if sid)
+    charged = _cpu_charged(snaps)
     assert 0.9 * total < charged < 1.05 * total, (charged, total)
     # (at most 2 samples a turn, MAX_TURNS + 2 turns, and the sample itself, a tick)
     samples = sum(1 for sid in snaps.sample_stack if sid)
