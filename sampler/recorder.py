@@ -272,6 +272,28 @@ class Recorder:
         ``collection``: the sample is a collection's (:meth:`record_gc`): it is not
         where the context ran, so the run before a ``<hub idle>`` sample is never
         filed there (it went to the collection's ``<gc>`` frame, as GC time)."""
+        self._place(ctx, stack_id, wall_us, cpu_us, mark_set, greenlet, switched, collection)
+
+    def append_run(self, ctx: _Context, stack_id: int, began_us: int, began_cpu_us: int,
+                   wall_us: int, cpu_us: int, mark_set: int = 0,
+                   greenlet: Optional[GreenletRecord] = None) -> None:
+        """A run of ``ctx`` (or of ``greenlet`` in its thread) at one place, from the
+        clocks ``began_us``, ``began_cpu_us`` to ``wall_us``, ``cpu_us``: as two
+        :meth:`append_sample` calls, the first with no CPU where the run begins (so
+        that ``'split'`` gives the run wholly to this place, not half to the one the
+        thread's sample before it showed), the second with the run's CPU where it
+        ends. One call, as the second sample's context, stack and marks are the
+        first's (the native engine files a greenlet's turns so, several between two
+        samples)."""
+        target, stack_id, mark_set = self._place(ctx, stack_id, began_us, began_cpu_us, mark_set,
+                                                 greenlet, False, False)
+        self._append(target, stack_id, wall_us, cpu_us, mark_set)
+
+    def _place(self, ctx: _Context, stack_id: int, wall_us: int, cpu_us: int, mark_set: int,
+               greenlet: Optional[GreenletRecord], switched: bool,
+               collection: bool) -> tuple[_Context, int, int]:
+        """:meth:`append_sample`; the context, stack and marks the sample was filed
+        under."""
         last = ctx.os_last or ctx
         if stack_id and self._trie.frames[self.stack_frame[stack_id]].name in _REWRITTEN:
             stack_id, hub = self._rewrite(stack_id)
@@ -296,6 +318,7 @@ class Recorder:
         self._append(target, stack_id, wall_us, cpu_us, mark_set)
         if target is not ctx or ctx.os_last is not None:
             ctx.os_last = target
+        return target, stack_id, mark_set
 
     def _greenlet_context(self, ctx: _Context, rec: GreenletRecord, last: _Context,
                           stack_id: int) -> _Context:

@@ -404,6 +404,37 @@ def test_a_thread_that_switches_greenlets_has_every_read_filed():
     assert same["plain"] > 10 and same["switching"] == 0, same
 
 
+def test_the_switch_log_copied_from_a_time_on_is_the_whole_logs_tail_from_there():
+    """``switch_log(ident, since_ns)``, the native engine's copy at each drain: from
+    the second latest entry logged by ``since_ns`` on (the one in force then, and
+    the one before), however many came since (the first attempt copies 256); the
+    whole log when it does not reach back that far."""
+    from sampler.greenlets import switch_log
+
+    def ping():
+        while True:
+            main.switch()
+
+    main = greenlet.getcurrent()
+    ctl = create_sampler(threading.current_thread(), 0.005)
+    try:
+        g = greenlet.greenlet(ping)
+        for _ in range(300):
+            g.switch()
+        whole = switch_log(threading.get_ident())
+        assert len(whole) > 600
+        for k in (5, 100, len(whole) - 300, len(whole) - 20):  # (300 and 20 entries after)
+            since = whole[k][0]
+            assert switch_log(threading.get_ident(), since) == whole[k - 1:]
+            assert switch_log(threading.get_ident(), since + 0.5) == whole[k - 1:]
+        assert switch_log(threading.get_ident(), whole[0][0] - 1) == whole
+        assert switch_log(threading.get_ident(), whole[-1][0] + 10**9) == whole[-2:]
+        g.throw(greenlet.GreenletExit)
+    finally:
+        ctl.stop()
+    assert switch_log(threading.get_ident(), 0) == []  # (no hook in use)
+
+
 @pytest.mark.engines("native")
 def test_a_stack_read_next_to_a_switch_is_filed_under_the_greenlet_it_shows():
     """The native engine files samples after the fact and names a sample's greenlet
