@@ -27,10 +27,12 @@ import sys
 import threading
 import time
 from array import array
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import sampler  # noqa: E402
+from benchmarks.harness import cost_label  # noqa: E402
 from sampler.recorder import Recorder  # noqa: E402
 from sampler.tracking import Tracker  # noqa: E402
 
@@ -126,48 +128,61 @@ def _run_here(iterations: int) -> float:
     return time.perf_counter() - start
 
 
-def running_cost(delay: float, threads: int, pairs: int, block_seconds: float) -> dict:
-    """The sampler's cost while it samples, in one process (see the module docstring):
-    the geometric mean over ``pairs`` of (block sampled) / (block paused) with two
-    standard errors, each block about ``block_seconds`` of the deep workload in
-    ``threads`` threads (1: this one), every thread tracked (``ALL_THREADS``). A
-    sampled block starts 20 ms after the resume: the cost of pausing and resuming
-    is not the cost of sampling."""
-    crew = _Crew(threads) if threads > 1 else None
-    block = crew.run if crew is not None else _run_here
+def sized(block: Callable[[int], float], block_seconds: float, start: int) -> int:
+    """The amount of work (``block``'s argument) that takes about ``block_seconds``."""
+    amount = start
+    while block(amount) < block_seconds / 4:
+        amount *= 2
+    return max(1, int(amount * block_seconds / block(amount)))
+
+
+def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options: Any) -> dict:
+    """The sampler's cost while it samples, in this process (see the module
+    docstring): one sampler of every thread (``ALL_THREADS``, ``options`` passed on)
+    made once and paused, then ``pairs`` pairs of ``block()`` (which times itself),
+    one sampled and one paused, in alternating order; the geometric mean of the
+    pairs' ratios (sampled / paused) with two standard errors. A sampled block
+    starts 20 ms after the resume: the cost of pausing and resuming is not the cost
+    of sampling. (A paused sampler's greenlet switch hook still logs each switch:
+    its cost, measured apart, is not in it.)"""
+    ctl = sampler.create_sampler(sampler.ALL_THREADS, delay, **options)
+    ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
+    logs = []
     try:
-        iterations = 20_000
-        while block(iterations) < block_seconds / 4:
-            iterations *= 2
-        iterations = max(1, int(iterations * block_seconds / block(iterations)))
-        ctl = sampler.create_sampler(sampler.ALL_THREADS, delay)
-        ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
-        logs = []
-        try:
-            for p in range(pairs):
-                times = {}
-                for sampled in ((False, True) if p % 2 == 0 else (True, False)):
-                    if sampled:
-                        ctl("resume")
-                    time.sleep(SETTLE)
-                    times[sampled] = block(iterations)
-                    if sampled:
-                        ctl("pause")
-                logs.append(math.log(times[True] / times[False]))
-        finally:
-            ctl.stop()
+        for p in range(pairs):
+            times = {}
+            for sampled in ((False, True) if p % 2 == 0 else (True, False)):
+                if sampled:
+                    ctl("resume")
+                time.sleep(SETTLE)
+                times[sampled] = block()
+                if sampled:
+                    ctl("pause")
+            logs.append(math.log(times[True] / times[False]))
     finally:
-        if crew is not None:
-            crew.close()
+        ctl.stop()
     run = ctl.get_snapshots().runs[0]
     mean = statistics.fmean(logs)
     se = statistics.stdev(logs) / len(logs) ** 0.5 if len(logs) > 1 else None
     two_se = (math.exp(mean + 2 * se) - math.exp(mean - 2 * se)) / 2 if se is not None else None
-    return {"delay": delay, "threads": threads, "pairs": pairs, "block_seconds": block_seconds,
-            "log_mean": mean, "se": se, "ratio": math.exp(mean), "two_se": two_se,
-            "ratios": [round(math.exp(x), 4) for x in logs],
+    return {"delay": delay, "pairs": pairs, "log_mean": mean, "se": se, "ratio": math.exp(mean),
+            "two_se": two_se, "ratios": [round(math.exp(x), 4) for x in logs],
             "collector_cpu_per_tick_us": run.collector_cpu / max(run.ticks, 1) * 1e6,
             "engine": getattr(run, "engine", "") or "python"}
+
+
+def running_cost(delay: float, threads: int, pairs: int, block_seconds: float) -> dict:
+    """:func:`paired_cost` of blocks of about ``block_seconds`` of the deep workload
+    in ``threads`` threads (1: this one)."""
+    crew = _Crew(threads) if threads > 1 else None
+    block = crew.run if crew is not None else _run_here
+    try:
+        amount = sized(block, block_seconds, 20_000)
+        cost = paired_cost(lambda: block(amount), delay, pairs)
+    finally:
+        if crew is not None:
+            crew.close()
+    return dict(cost, threads=threads, block_seconds=block_seconds)
 
 
 def achieved_rate(delay: float, threads: int, seconds: float) -> dict:
@@ -268,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"slowdown at {s['delay'] * 1000:g} ms: {s['median_slowdown']:.4f}x "
               f"(runs {s['ratios']}; collector CPU {s['median_collector_cpu_per_tick_us']:.0f} us/tick)")
     for c in results["running_cost"]:
-        print(f"running cost at {c['delay'] * 1000:g} ms, {c['threads']} thread(s): {c['ratio']:.4f}x "
+        print(f"running cost at {c['delay'] * 1000:g} ms, {cost_label(c)}: {c['ratio']:.4f}x "
               f"± {c['two_se'] or float('nan'):.4f} (2 SE, {c['pairs']} pairs)")
     for r in results["rate"]:
         print(f"rate at {r['delay'] * 1000:g} ms, {r['threads']} busy thread(s): "

@@ -64,10 +64,11 @@ ahead": medians of a few runs do not resolve finer differences (compare the spre
 of each error over its runs in the JSON)."""
 
 MODES = {
-    # seconds of work per run (unprofiled), rounds, sampler microbenchmark flags
-    "smoke": {"seconds": 0.15, "rounds": 1, "sampler_bench": None},
-    "quick": {"seconds": 0.4, "rounds": 3, "sampler_bench": ["--quick"]},
-    "full": {"seconds": 1.0, "rounds": 7, "sampler_bench": []},
+    # seconds of work per run (unprofiled), rounds, sampler microbenchmark flags,
+    # bench_running.py flags (each workload's running cost, on the native engine)
+    "smoke": {"seconds": 0.15, "rounds": 1, "sampler_bench": None, "running_cost": None},
+    "quick": {"seconds": 0.4, "rounds": 3, "sampler_bench": ["--quick"], "running_cost": ["--quick"]},
+    "full": {"seconds": 1.0, "rounds": 7, "sampler_bench": [], "running_cost": []},
 }
 
 
@@ -683,28 +684,38 @@ def judge_targets(summary: dict) -> list[dict]:
     return checks
 
 
-def judge_running_cost(micro: Optional[dict]) -> list[dict]:
-    """The slowdown target judged on the sampler's running cost (``bench_sampler.py``:
-    blocks sampled and paused in turn inside one process), per engine, delay and
-    number of busy threads: the geometric mean of the pairs' ratios beyond two
-    standard errors (:func:`attribution.within`). Between fresh processes wall time
-    differs by 1-4% with no profiler at all, more than the 1% to resolve; within one
-    process the pairs cancel that, and 30-40 pairs resolve a few tenths of a percent.
-    What a run pays once (starting, the final drain) is not in it."""
+def cost_label(x: dict) -> str:
+    """What a running cost ran: ``4 busy threads`` (``bench_sampler.py``'s deep
+    stack), or the workload's name (``bench_running.py``)."""
+    if "workload" in x:
+        return x["workload"]
+    return f"{x['threads']} busy thread{'s' if x['threads'] > 1 else ''}"
+
+
+def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = None) -> list[dict]:
+    """The slowdown target judged on the sampler's running cost (blocks sampled and
+    paused in turn inside one process: ``bench_sampler.py``'s deep stack in 1 and 4
+    threads, ``micro``, and ``bench_running.py``'s workloads, ``per_workload``:
+    engine -> rows), per engine and delay: the geometric mean of the pairs' ratios
+    beyond two standard errors (:func:`attribution.within`). Between fresh processes
+    wall time differs by 1-4% with no profiler at all, more than the 1% to resolve;
+    within one process the pairs cancel that, and 30-40 pairs resolve a few tenths
+    of a percent. What a run pays once (starting, the final drain) is not in it."""
     checks: list[dict] = []
-    for engine, one in (micro or {}).items():
-        for x in (one or {}).get("running_cost", []):
-            config = f"stackshot-{x.get('engine') or engine}-{x['delay'] * 1000:g}ms"
-            limit = SLOWDOWN_LIMITS.get(x["delay"])
-            if config not in CONFIGS or limit is None:
-                continue
-            est = {"log_mean": x["log_mean"], "se": x["se"], "estimate": x["ratio"]}
-            label = f"running cost, {x['threads']} busy thread{'s' if x['threads'] > 1 else ''}"
-            checks.append(_check(
-                f"slowdown, {config}, {label}", x["ratio"], f"<= {limit:.2f}x", _slowdown_within(est, limit),
-                f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s blocks in one "
-                f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick",
-                config, "slowdown", label))
+    rows = [(engine, x) for engine, one in (micro or {}).items() for x in (one or {}).get("running_cost", [])]
+    rows += [(engine, x) for engine, xs in (per_workload or {}).items() for x in xs or [] if "error" not in x]
+    for engine, x in rows:
+        config = f"stackshot-{x.get('engine') or engine}-{x['delay'] * 1000:g}ms"
+        limit = SLOWDOWN_LIMITS.get(x["delay"])
+        if config not in CONFIGS or limit is None:
+            continue
+        est = {"log_mean": x["log_mean"], "se": x["se"], "estimate": x["ratio"]}
+        label = f"running cost, {cost_label(x)}"
+        checks.append(_check(
+            f"slowdown, {config}, {label}", x["ratio"], f"<= {limit:.2f}x", _slowdown_within(est, limit),
+            f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s blocks in one "
+            f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick",
+            config, "slowdown", label))
     return checks
 
 
@@ -851,6 +862,24 @@ def sampler_microbench(python: str, flags: Optional[list[str]], log: Any,
             return json.load(f)
 
 
+def workload_running_costs(python: str, flags: list[str], workloads: list[str], log: Any,
+                           engine: str = "native") -> list[dict]:
+    """Each workload's running cost (``bench_running.py``: one fresh process per
+    workload), with ``STACKSHOT_ENGINE=engine``: the native engine's only, the one
+    the slowdown targets are for (the Python engine's running cost is
+    ``bench_sampler.py``'s, on a deep stack)."""
+    print(f"running cost of each workload (bench_running.py, {engine} engine) ...", file=log, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "running.json")
+        p = subprocess.run([python, "-m", "benchmarks.bench_running", *flags, "--workloads", ",".join(workloads),
+                            "--json", out], capture_output=True, text=True, env=child_env(engine), cwd=REPO,
+                           timeout=3600)
+        if p.returncode != 0 or not os.path.exists(out):
+            return [{"workload": ",".join(workloads), "error": (p.stdout + p.stderr)[-1500:]}]
+        with open(out) as f:
+            return json.load(f)
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
@@ -867,6 +896,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap.add_argument("--json", dest="json_path", help="result file (default benchmarks/results.json)")
     ap.add_argument("--markdown", help="table file (default benchmarks/RESULTS.md)")
     ap.add_argument("--no-sampler-bench", action="store_true", help="skip bench_sampler.py")
+    ap.add_argument("--no-running-cost", action="store_true", help="skip bench_running.py")
     ap.add_argument("--busy", type=int, default=0, metavar="N",
                     help="run the rounds beside N processes that spin (a loaded machine; "
                          "the calibration and bench_sampler.py run without them)")
@@ -886,7 +916,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         raw = {"runs": result["raw_runs"], "params": {w: ws["params"] for w, ws in result["summary"].items()}}
         result["summary"] = summarise(raw, [c for c in result["configs"] if c != "none"])
         result["targets"] = (judge_targets(result["summary"])
-                             + judge_running_cost(result.get("sampler_microbench")))
+                             + judge_running_cost(result.get("sampler_microbench"), result.get("running_costs")))
         if args.json_path:
             with open(args.json_path, "w") as f:
                 json.dump(result, f, indent=1, default=str)
@@ -903,6 +933,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         mode["seconds"] = args.seconds
     if args.no_sampler_bench:
         mode["sampler_bench"] = None
+    if args.no_running_cost:
+        mode["running_cost"] = None
     if args.busy < 0:
         raise SystemExit(f"--busy must be 0 or more, not {args.busy}")
     if args.busy:
@@ -955,6 +987,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     micro = {e or "default": sampler_microbench(python, mode["sampler_bench"], log, e) for e in used}
     if all(v is None for v in micro.values()):
         micro = None
+    running = ({"native": workload_running_costs(python, mode["running_cost"], workloads, log)}
+               if "native" in used and mode["running_cost"] is not None else None)
     summary = summarise(raw, configs)
     machine["load_average_end"] = os.getloadavg()
     result = {
@@ -964,8 +998,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         "mode": mode_name, "settings": mode, "duration_seconds": time.time() - started,
         "machine": machine, "peers": peers, "engines": engines, "skipped": skipped,
         "workloads": workloads, "configs": ["none"] + configs,
-        "summary": summary, "targets": judge_targets(summary) + judge_running_cost(micro),
-        "sampler_microbench": micro,
+        "summary": summary, "targets": judge_targets(summary) + judge_running_cost(micro, running),
+        "sampler_microbench": micro, "running_costs": running,
         "errors": raw["errors"], "raw_runs": raw["runs"],
     }
     if "busy_cpu_seconds" in raw:

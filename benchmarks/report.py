@@ -319,6 +319,7 @@ def render_markdown(result: dict) -> str:
 
     lines += _issue9_sections(result)
     lines += _microbench(result.get("sampler_microbench"))
+    lines += _running_costs(result.get("running_costs"))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -482,6 +483,36 @@ def _issue9_sections(result: dict) -> list[str]:
     return lines
 
 
+def _running_costs(per_engine: Optional[dict]) -> list[str]:
+    """Each workload's running cost (``bench_running.py``), per engine: a row per
+    workload, a column per delay."""
+    lines: list[str] = []
+    for engine, rows in (per_engine or {}).items():
+        lines += [f"## Each workload's running cost (`benchmarks/bench_running.py`, {engine} engine)", "",
+                  "Each workload in a process of its own: one sampler (every thread, GC time on) resumed and "
+                  "paused around blocks of the workload's run, in pairs; the geometric mean of the pairs' "
+                  "ratios (sampled / paused) ± two standard errors, and the collector's CPU per tick. What a "
+                  "run pays once (start, first look at each code object, final drain) is not in it: the "
+                  "slowdown between fresh processes above keeps it.", ""]
+        delays = sorted({x["delay"] for x in rows if "error" not in x}, reverse=True)
+        table = []
+        for name in dict.fromkeys(x["workload"] for x in rows):
+            mine = [x for x in rows if x["workload"] == name]
+            failed = [x for x in mine if "error" in x]
+            if failed:
+                error = " ".join(failed[0]["error"].split())[-160:].replace("|", "/").replace("`", "'")
+                table.append([f"`{name}`"] + [f"failed: `{error}`"] + [""] * (max(len(delays), 1) - 1))
+                continue
+            cells = []
+            for d in delays:
+                hit = [x for x in mine if abs(x["delay"] - d) < 1e-9]
+                cells.append(f"{hit[0]['ratio']:.3f}x ± {_fmt(hit[0]['two_se'], '.3f')} "
+                             f"({hit[0]['collector_cpu_per_tick_us']:.0f} µs/tick)" if hit else "–")
+            table.append([f"`{name}`"] + cells)
+        lines += _table(["workload"] + [f"{d * 1000:g} ms" for d in delays], table)
+    return lines
+
+
 def _microbench(mb: Optional[dict]) -> list[str]:
     if not mb:
         return []
@@ -495,13 +526,15 @@ def _microbench(mb: Optional[dict]) -> list[str]:
 
 
 def _microbench_one(mb: dict, which: str) -> list[str]:
+    from .harness import cost_label
+
     lines = [f"## The sampler alone (`benchmarks/bench_sampler.py`, 50-deep CPU-bound stack{which})", ""]
     if "error" in mb:
         return lines + [f"It failed: `{mb['error'][-300:]}`", ""]
     rows = [[f"slowdown at {x['delay'] * 1000:g} ms", f"{x['median_slowdown']:.3f}x",
              f"runs {x['ratios']}; collector {x['median_collector_cpu_per_tick_us']:.0f} µs CPU/tick"]
             for x in mb.get("slowdown", [])]
-    rows += [[f"running cost at {x['delay'] * 1000:g} ms, {x['threads']} busy thread(s)",
+    rows += [[f"running cost at {x['delay'] * 1000:g} ms, {cost_label(x)}",
               f"{x['ratio']:.4f}x",
               f"± {_fmt(x['two_se'], '.4f')} (2 SE) over {x['pairs']} pairs of blocks sampled and paused in one "
               f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick"]

@@ -265,7 +265,34 @@ def test_the_running_cost_is_measured_in_one_process_and_judged(monkeypatch):
         ("stackshot-native-5ms", "running cost, 1 busy thread", True)]
     assert checks[0]["note"].startswith("mean 1.030x ± 0.002 (2 SE); 30 pairs of 0.1 s blocks in one process")
     md = "\n".join(_microbench({"native": {"running_cost": [far]}}))
-    assert "| running cost at 5 ms, 4 busy thread(s) | 1.0300x | ± 0.0020 (2 SE) over 30 pairs" in md
+    assert "| running cost at 5 ms, 4 busy threads | 1.0300x | ± 0.0020 (2 SE) over 30 pairs" in md
+
+
+def test_each_workloads_running_cost_is_measured_in_a_process_of_its_own_and_judged(monkeypatch):
+    """``bench_running``: a workload's blocks (its own ``run``; for ``gevent_server``
+    the requests of a server kept serving, its client a real thread) sampled and
+    paused in pairs, in a fresh process per workload; a workload that fails is a row
+    with its error, the others go on. The rows become slowdown checks and a table."""
+    from benchmarks import bench_running, bench_sampler
+    from benchmarks.harness import judge_running_cost
+    from benchmarks.report import _running_costs
+
+    monkeypatch.setattr(bench_sampler, "SETTLE", 0.0)
+    rows = bench_running.measure("gevent_server", pairs=2, block_seconds=0.03, delays=(0.005,))
+    assert [(x["workload"], x["delay"], len(x["ratios"])) for x in rows] == [("gevent_server", 0.005, 2)]
+    assert rows[0]["se"] > 0 and rows[0]["collector_cpu_per_tick_us"] > 0
+    env = repo_env(dict(os.environ, STACKSHOT_ENGINE=rows[0]["engine"]))
+    ran = bench_running.run_all(["bursty", "no_such_workload"], pairs=2, block_seconds=0.02, env=env)
+    assert [(x["workload"], x.get("delay")) for x in ran] == [
+        ("bursty", 0.005), ("bursty", 0.001), ("no_such_workload", None)]
+    assert "unknown workload 'no_such_workload'" in ran[2]["error"]
+    checks = judge_running_cost(None, {"native": rows + ran})
+    assert [c["what"] for c in checks] == [
+        f"slowdown, stackshot-{x['engine']}-{x['delay'] * 1000:g}ms, running cost, {x['workload']}"
+        for x in rows + ran[:2]]
+    md = "\n".join(_running_costs({"native": rows + ran}))
+    assert "| `bursty` | " in md and "| `no_such_workload` | failed: `" in md
+    assert "µs/tick" in md
 
 
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):

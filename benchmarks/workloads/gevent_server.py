@@ -66,32 +66,39 @@ def gvs_client(port: int, requests: int, deadline: float, out: dict) -> None:
     t0 = time.thread_time()
     conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(CONNECTIONS)]
     files = [c.makefile("rb") for c in conns]
-    done = 0
     try:
-        while done < requests and time.monotonic() < deadline:
-            batch = conns[:min(CONNECTIONS, requests - done)]
-            for c in batch:
-                c.sendall(b"GET\n")
-            for f in files[:len(batch)]:
-                if not f.readline():
-                    raise ConnectionError("the server closed the connection")
-            done += len(batch)
+        gvs_ask(conns, files, requests, deadline, out)
     finally:
         for f in files:
             f.close()
         for c in conns:
             c.close()
-        out["answered"] = done
         out["client_cpu"] = time.thread_time() - t0
 
 
-def gvs_main(rows: int, blob: bytes, requests: int, per_greenlet: Any = None) -> dict:
-    """The run; ``per_greenlet``, a dict, also gets each handler greenlet's CPU in the
-    two parts, by gevent's name for it (``benchmarks/bench_greenlets.py``)."""
-    import gevent
-    from gevent.server import StreamServer
+def gvs_ask(conns: list, files: list, requests: int, deadline: float, out: dict) -> int:
+    """The client's loop on open connections (``files``: their readers): ``requests``
+    requests, a batch of one per connection at a time, each batch's answers read
+    before the next; the number answered (also ``out["answered"]`` as it goes)."""
+    done = out["answered"] = 0
+    while done < requests and time.monotonic() < deadline:
+        batch = conns[:min(len(conns), requests - done)]
+        for c in batch:
+            c.sendall(b"GET\n")
+        for f in files[:len(batch)]:
+            if not f.readline():
+                raise ConnectionError("the server closed the connection")
+        done += len(batch)
+        out["answered"] = done
+    return done
 
-    spent = dict.fromkeys(PARTS, 0.0)
+
+def gvs_handler(rows: int, blob: bytes, spent: dict, per_greenlet: Any = None) -> Any:
+    """The server's connection handler: each request line is answered with a page
+    rendered and checksummed, a ``gevent.sleep`` between; each part's CPU is added
+    to ``spent`` (and to ``per_greenlet``, see :func:`gvs_main`)."""
+    import gevent
+
     clock = time.thread_time
 
     def handle(sock: Any, _address: Any) -> None:
@@ -114,6 +121,17 @@ def gvs_main(rows: int, blob: bytes, requests: int, per_greenlet: Any = None) ->
             f.close()
             sock.close()
 
+    return handle
+
+
+def gvs_main(rows: int, blob: bytes, requests: int, per_greenlet: Any = None) -> dict:
+    """The run; ``per_greenlet``, a dict, also gets each handler greenlet's CPU in the
+    two parts, by gevent's name for it (``benchmarks/bench_greenlets.py``)."""
+    import gevent
+    from gevent.server import StreamServer
+
+    spent = dict.fromkeys(PARTS, 0.0)
+    handle = gvs_handler(rows, blob, spent, per_greenlet)
     server = StreamServer(("127.0.0.1", 0), handle)
     server.start()
     client_out: dict = {}

@@ -107,6 +107,7 @@ def io_main(rounds: int, doc: dict, text: str, blocks: list, path: str) -> dict:
 
 
 def run(state: Any) -> dict:
+    os.makedirs(state["tmp"], exist_ok=True)  # (again, when run again: bench_running)
     try:
         return io_main(state["rounds"], state["doc"], state["text"], state["blocks"], state["path"])
     finally:
