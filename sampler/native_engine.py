@@ -16,9 +16,9 @@ and:
 
 A thread started with :mod:`threading` announces its start (sampler.groups) and is
 read from its first instruction; one started otherwise (``_thread``, C code) is seen
-by the C thread at its next tick, which wakes the feeder to look it up: it is first
-sampled a tick and a GIL hand-off after it starts, when it appears under
-``ALL_THREADS``.
+by the C thread at its next tick once it runs Python, which wakes the feeder to look
+it up: it is first sampled a tick and a GIL hand-off after it starts, when it
+appears under ``ALL_THREADS``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ are not kept for it (sampler.marks.hold_retired)."""
 STARTING = 0.002
 """Seconds to the next turn after one that found a thread starting: a thread state
 without frames, first seen less than :data:`STARTING_FOR` seconds ago. The C thread
-wakes the feeder as the newest thread state is made, gets its thread and gets its
-first frame; this covers a thread that is not the newest any more by then."""
+wakes the feeder as the newest thread state, not read yet, gets its first frame;
+this covers a thread that is not the newest any more by then."""
 
 STARTING_FOR = 0.02
 """Seconds a thread state without frames counts as starting (after that, a C thread
@@ -67,8 +67,9 @@ between its calls into Python, say)."""
 
 REFRESH_STATIC = 0.25
 """Seconds between turns otherwise: the set of threads to read changes only when a
-thread starts, which the C thread sees (it wakes the feeder), or by a message or a
-group's ``add`` (which wake it too), and a buffer half full wakes it too. Each turn
+thread starts, which announces itself or is seen by the C thread (it wakes the
+feeder), or by a message or a group's ``add`` (which wake it too), and a buffer half
+full wakes it too. Each turn
 costs a CPU-bound program two GIL hand-offs besides the feeder's work. Measured
 (3.11, CPU-bound threads under ``ALL_THREADS``, the time in which none made progress
 against a run without a profiler, at 5 ms): one thread lost 1.3-1.6% of its time

@@ -867,26 +867,52 @@ def test_a_thread_started_with_the_thread_module_is_read_from_its_first_millisec
 
 @pytest.mark.engines("native")
 def test_the_collector_wakes_the_feeder_for_a_new_thread_and_for_a_buffer_half_full():
-    """The feeder takes the GIL every 100 ms, or when the C thread wakes it: for a
-    thread state just made (while it watches threads) and for its active buffer half
-    full (so that it is drained before it fills and drops samples)."""
+    """The feeder takes the GIL every 250 ms, or when the C thread wakes it: for a new
+    thread that runs Python and is not read yet (while it watches threads), and for
+    its active buffer half full (so that it is drained before it fills and drops
+    samples). Not for a thread that has not called Python (nothing to read), nor for
+    one that announced itself as it started (read already: threads started with
+    ``threading`` do)."""
     import _thread
 
     from sampler import _native
 
     engine = _native.Engine(0.001)
     engine.start()
-    go = threading.Lock()
-    go.acquire()
+    blocked, stop = threading.Lock(), threading.Event()
+    blocked.acquire()
     try:
         assert engine.feeder_wait(0.05) is False  # not watching: nothing wakes it
         engine.watch_threads(True)
         engine.feeder_wait(0.1)  # (the first look is news: a wake)
         assert engine.feeder_wait(0.2) is False  # no thread started meanwhile
-        _thread.start_new_thread(go.acquire, ())
+        _thread.start_new_thread(blocked.acquire, ())  # (C alone: no frame)
+        assert engine.feeder_wait(0.3) is False
+        _thread.start_new_thread(stop.wait, ())  # (Python: Event.wait)
         assert engine.feeder_wait(60.0) is True  # (woken at once, not after a minute)
     finally:
-        go.release()
+        blocked.release()
+        stop.set()
+        engine.stop()
+
+    # announced before the collector's first look (add_target, as the sampler's
+    # start hook does in each thread started with threading): no wake
+    engine = _native.Engine(0.001)
+    announced, stop = threading.Event(), threading.Event()
+
+    def announcing() -> None:
+        engine.add_target((0, _native.current_thread_state(), threading.get_ident(), None, 0))
+        announced.set()
+        stop.wait()
+
+    _thread.start_new_thread(announcing, ())
+    try:
+        assert announced.wait(60)
+        engine.watch_threads(True)
+        engine.start()
+        assert engine.feeder_wait(0.3) is False
+    finally:
+        stop.set()
         engine.stop()
 
     # (a thread found somewhere else at each tick: one found again where it was is

@@ -20,11 +20,17 @@
 /* What the newest thread state of `interp` is: its id, its thread's ident and
  * whether it has a frame, mixed into one number (0: no state, or not readable). A
  * plain read of the head pointer (the interpreter outlives the collector), then a
- * fault-safe read of the state. */
-static inline uint64_t ss_newest_thread(ss_reader *r, PyInterpreterState *interp) {
+ * fault-safe read of the state. Also its address (`*head_out`, 0 when not readable)
+ * and whether it has a frame (`*framed`): running Python code. */
+static inline uint64_t ss_newest_thread(ss_reader *r, PyInterpreterState *interp, uintptr_t *head_out,
+                                        int *framed) {
     PyThreadState *head = PyInterpreterState_ThreadHead(interp);
     ss_tstate_view view;
+    *head_out = 0;
+    *framed = 0;
     if (head == NULL || ss_read_tstate(r, (uintptr_t)head, &view) != 0) return 0;
+    *head_out = (uintptr_t)head;
+    *framed = view.top != 0;
     return (view.id * 2 + (view.top != 0)) ^ ((uint64_t)view.thread_id * 0x9E3779B97F4A7C15ULL);
 }
 
