@@ -244,12 +244,16 @@ def test_allocation_callbacks_waiting_at_stop_or_thread_exit_are_dropped():
         tid = _thread.start_new_thread(blocked, ())
         while tid not in _memprof.waiting_threads():   # its block is sampled, its callback waits
             pass
+        # (a smaller allocation of the thread's, sampled with odds of a few percent, is
+        # delivered at a safe point before it blocks: seen once on 3.10 in CI, 50 words)
+        delivered = len([c for c in calls if c[0] == tid])
         memprof.stop()
         gate.release()
         done.acquire()
-        dropped_at_stop = [c for c in calls if c[0] == tid]
+        dropped_at_stop = [c for c in calls if c[0] == tid][delivered:]
         memprof.discard(p)
         # a thread that allocates and exits without a safe point: a C function as its body
+        before_q = len(calls)  # (the threads below can get the ident of the one above)
         q = memprof.start(1e-3, tracker=memprof.Tracker(alloc_minor=alloc, alloc_major=alloc))
         exits = []
         for _ in range(5):
@@ -266,7 +270,7 @@ def test_allocation_callbacks_waiting_at_stop_or_thread_exit_are_dropped():
         memprof.stop()
         info = _memprof.info()
         memprof.discard(q)
-        print(json.dumps({"dropped_at_stop": dropped_at_stop, "exits": exits, "calls": calls,
+        print(json.dumps({"dropped_at_stop": dropped_at_stop, "exits": exits, "calls": calls[before_q:],
                           "main": threading.get_ident(), "big": big, "records": info["records"],
                           "orphaned": info["orphaned"]}))
     """)
