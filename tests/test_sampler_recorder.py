@@ -113,6 +113,45 @@ def test_a_context_switched_away_and_back_between_two_samples_is_not_split_acros
     assert sample_weights(snaps) == pytest.approx([0.0, 0.0015, 0.0005, 0.0, 0.001])
 
 
+def test_a_run_is_filed_as_its_two_samples_and_wholly_its_own_under_split():
+    """``append_run`` (the native engine files a greenlet's turn with it) is the two
+    ``append_sample`` calls it stands for, a sample of no CPU where the run begins
+    and one with its CPU where it ends, under the thread and under its greenlet's
+    context (made at the run's start, with its idle marker); under 'split' the run's
+    CPU goes wholly to its place."""
+    greenlet = pytest.importorskip("greenlet")
+    from analyzer import sample_weights
+    from sampler.greenlets import GreenletRecord
+
+    g = greenlet.greenlet(lambda: None)
+    worker = GreenletRecord(g)
+    worker.name, worker.named = "worker", True
+
+    def filed(as_run: bool):
+        rec = Recorder([], time.perf_counter())
+        ctx = rec.context(Target(("ident", 1, None), "main", None, 1, "thread"), None, 0, 0)
+        main = rec.stack_id([Frame("main", "app.py", 1, 2)])
+        work = rec.stack_id([Frame("work", "app.py", 5, 6)])
+        rec.append_sample(ctx, main, 0, 0)
+        rec.append_sample(ctx, main, 1000, 1000)
+        if as_run:
+            rec.append_run(ctx, work, 1000, 1000, 1900, 1800, greenlet=worker)
+        else:
+            rec.append_sample(ctx, work, 1000, 1000, greenlet=worker)
+            rec.append_sample(ctx, work, 1900, 1800, greenlet=worker)
+        rec.append_sample(ctx, main, 3000, 2600)
+        return rec.snapshot(RunInfo(engine="native"))
+
+    run, pair = filed(True), filed(False)
+    columns = ("sample_thread", "sample_stack", "sample_wall", "sample_cpu")
+    assert [list(getattr(run, c)) for c in columns] == [list(getattr(pair, c)) for c in columns]
+    assert [t.name for t in run.threads] == [t.name for t in pair.threads] == ["main", "worker"]
+    weights = sample_weights(run)
+    work_cpu = sum(w for w, sid in zip(weights, run.sample_stack)
+                   if sid and run.frames[run.stack_frame[sid]].name == "work")
+    assert work_cpu == pytest.approx(0.0008)
+
+
 def _allocating() -> None:
     pass
 
