@@ -44,6 +44,20 @@ _MAX_DELTA = OVERFLOW - 1
 _HOOK_NAMES = frozenset({"SwitchHook.__call__", "__call__"})
 _HUB_NAMES = frozenset({"Hub.run", "run"})
 _REWRITTEN = _HOOK_NAMES | _HUB_NAMES
+_MAX_GC_STACKS = 4096
+"""Shapes of collection stacks whose samples' stack ids :meth:`Recorder.record_gc`
+remembers (the stacks held keep their code objects alive until the memo is cleared,
+at this size)."""
+
+
+def _stack_shape(stack: Sequence) -> tuple:
+    """What tells most stacks of collections (``(code, offset)`` pairs, innermost
+    first) apart cheaply: the depth and the innermost pair, its code by identity
+    (alive as long as the stack is)."""
+    if not stack:
+        return (0, 0, 0)
+    code, lasti = stack[0]
+    return (len(stack), id(code), lasti)
 GREENLETS_KEY = "greenlets"
 GREENLET_SPAWNS_KEY = "greenlet_spawns"
 """In a run's ``extra``: ``{context id: [[name, file, first line, line], ...]}``, the
@@ -162,6 +176,8 @@ class Recorder:
         # generation -> CPU and wall microseconds of the collections filed
         self.gc_cpu: dict[int, int] = {}
         self.gc_wall: dict[int, int] = {}
+        # (generation, shape) of collections -> [(stack, their sample's stack)]
+        self._gc_stacks: dict[tuple, list] = {}
 
     # -- interning (the entry points shared with the native engine) -----------------
     @property
@@ -727,33 +743,75 @@ class Recorder:
         A collection's CPU time is never more than the CPU its thread used since its
         last sample (less what earlier collections took of it): ``cpu_now_us`` is the
         thread's CPU clock at the sample the events are filed before (an engine that
-        read it), else the thread's clock is read here."""
-        trie = self._trie
+        read it), else the thread's clock is read here.
+
+        The events given are those of one interval of each thread (between its last
+        sample and the next), and the collections of an interval made at one place
+        (thread, outermost frame, stack, generation) are filed as one sample with
+        their summed durations: every rule weighs a ``<gc>`` sample by its own
+        durations, and where in the interval they fall is not known anyway (they are
+        filed one after the other from its start). (Filed one by one, the 2,600
+        collections a second of a program that makes cyclic garbage cost the feeder
+        31 ms a second with the GIL, a 3% slowdown at 5 ms and at 1 ms alike.)"""
+        # The collections of each place, in order: [stack, wall, CPU, start of the
+        # first], by thread, outermost frame, generation and the stack's shape (a stack
+        # is compared, not hashed: a code object's hash is taken over its contents).
+        places: dict[tuple, list] = {}
+        for ident, stack, generation, end_us, wall_us, cpu_us, base in events:
+            if type(stack) is not tuple:
+                stack = tuple(stack)
+            bucket = places.setdefault((ident, base, generation) + _stack_shape(stack), [])
+            for place in bucket:
+                if place[0] == stack:  # (the same code objects: compared by identity first)
+                    place[1] += wall_us
+                    place[2] += cpu_us
+                    break
+            else:
+                bucket.append([stack, wall_us, cpu_us, end_us - wall_us])
+        if not places:
+            return
+        contexts: dict[int, Optional[_Context]] = {}  # each thread's, looked up once
         clocks: dict[int, Optional[int]] = {}  # each thread's clock, read once per call
         logs: dict[int, list] = {}  # each thread's greenlet switches
-        for ident, stack, generation, end_us, wall_us, cpu_us, base in events:
-            ctx = self.thread_context(ident)
+        for (ident, base, generation, *shape), bucket in places.items():
+            ctx = contexts[ident] if ident in contexts else contexts.setdefault(ident, self.thread_context(ident))
             if ctx is None:
                 continue
-            last = ctx.os_last or ctx  # (where the thread's clocks are: its greenlets)
-            if cpu_now_us is not None:
-                limit = cpu_now_us
-            else:
-                if ident not in clocks:
-                    clocks[ident] = self._cpu_now(ctx)
-                limit = clocks[ident]
-            if limit is not None:
-                cpu_us = min(cpu_us, max(0, limit - last.cpu_us))
             if ident not in logs:
                 logs[ident] = switch_log(ident)
-            # the greenlet that ran into the collection (none runs Python during it)
-            running = greenlet_at(logs[ident], int((self.start * 1e6 + end_us - wall_us) * 1000),
-                                  base) if logs[ident] else None
-            sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
-            self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
-            self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
-            self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
-                               collection=True)
+            for stack, wall_us, cpu_us, began_us in bucket:
+                last = ctx.os_last or ctx  # (where the thread's clocks are: its greenlets)
+                if cpu_now_us is not None:
+                    limit = cpu_now_us
+                else:
+                    if ident not in clocks:
+                        clocks[ident] = self._cpu_now(ctx)
+                    limit = clocks[ident]
+                if limit is not None:
+                    cpu_us = min(cpu_us, max(0, limit - last.cpu_us))
+                # the greenlet that ran into the collections (none runs Python during one)
+                running = greenlet_at(logs[ident], int((self.start * 1e6 + began_us) * 1000),
+                                      base) if logs[ident] else None
+                sid = self._collection_sample_stack(stack, generation, tuple(shape))
+                self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
+                self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
+                self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
+                                   collection=True)
+
+    def _collection_sample_stack(self, stack: Sequence, generation: int, shape: tuple) -> int:
+        """The stack of a sample of collections of ``generation`` triggered at
+        ``stack``, whose :func:`_stack_shape` is ``shape``: the stack plus a ``<gc>``
+        frame, interned (remembered: see :data:`_MAX_GC_STACKS`)."""
+        known = self._gc_stacks.setdefault((generation,) + shape, [])
+        for seen, sid in known:
+            if seen == stack:
+                return sid
+        trie = self._trie
+        sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
+        if len(self._gc_stacks) >= _MAX_GC_STACKS:
+            self._gc_stacks.clear()
+        self._gc_stacks.setdefault((generation,) + shape, []).append((stack, sid))
+        return sid
 
     def collection_stack(self, stack: list) -> int:
         """The stack that triggered a collection (its event's ``(code, offset)``

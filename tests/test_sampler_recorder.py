@@ -178,3 +178,59 @@ def test_the_run_before_the_gevent_hub_idles_is_filed_where_it_ran_not_at_a_coll
     assert is_gc_frame(snaps.stack_frames(snaps.sample_stack[2])[0])
     assert names[3:] == [["work"], ["<hub idle>"]]
     assert list(snaps.cpu_deltas()) == [0, 1000, 100, 1900, 0]
+
+
+def _caller_a() -> None:
+    pass
+
+
+def _caller_b() -> None:
+    pass
+
+
+def test_the_collections_of_one_interval_are_filed_once_per_place_with_their_summed_durations():
+    """Collections between two samples of a thread made at one place (thread,
+    outermost frame, stack, generation) are one ``<gc>`` sample with their summed
+    wall and CPU time, filed in the order the places were first met; a stack of the
+    same depth and innermost frame under another caller, or another generation, is
+    another place; the CPU filed is capped, in all, at what the thread used since its
+    last sample, and the next sample gets the rest."""
+    from sampler.gctime import is_gc_frame
+
+    rec = Recorder([], time.perf_counter())
+    ctx = rec.context(Target(("ident", 1, None), "worker", None, 1, "thread"), None, 0, 0)
+    work = rec.stack_id([Frame("work", "app.py", 5, 6)])
+    rec.append_sample(ctx, work, 0, 0)
+    top = (_allocating.__code__, 2)
+    under_a = (top, (_caller_a.__code__, 4))
+    under_b = (top, (_caller_b.__code__, 4))
+    # (thread, stack innermost first, generation, end, wall, CPU, outermost frame);
+    # each event's stack is a tuple of its own, as the hook makes them
+    rec.record_gc([(1, tuple(under_a), 0, 100, 50, 40, 0),
+                   (1, tuple(under_b), 0, 200, 60, 50, 0),
+                   (1, tuple(under_a), 0, 300, 70, 60, 0),
+                   (1, tuple(under_a), 1, 400, 80, 70, 0),
+                   (1, list(under_a), 0, 500, 90, 80, 0)], cpu_now_us=1000)
+    rec.append_sample(ctx, work, 1000, 1000)
+    snaps = rec.snapshot(RunInfo(engine="native"))
+    gc_samples = [i for i, s in enumerate(snaps.sample_stack) if s and is_gc_frame(snaps.stack_frames(s)[0])]
+    assert gc_samples == [1, 2, 3]
+    callers = [snaps.stack_frames(snaps.sample_stack[i])[2].name for i in gc_samples]
+    assert callers == ["_caller_a", "_caller_b", "_caller_a"]
+    assert [snaps.stack_frames(snaps.sample_stack[i])[0][3] for i in gc_samples] == [0, 0, 1]  # (generation)
+    assert list(snaps.cpu_deltas()) == [0, 180, 50, 70, 1000 - 300]
+    assert list(snaps.wall_deltas()) == [0, 210, 60, 80, 1000 - 350]
+    assert rec.gc_cpu == {0: 230, 1: 70} and rec.gc_wall == {0: 270, 1: 80}
+
+
+def test_collections_filed_together_never_take_more_cpu_than_the_thread_used():
+    rec = Recorder([], time.perf_counter())
+    ctx = rec.context(Target(("ident", 1, None), "worker", None, 1, "thread"), None, 0, 0)
+    work = rec.stack_id([Frame("work", "app.py", 5, 6)])
+    rec.append_sample(ctx, work, 0, 0)
+    stack = ((_allocating.__code__, 2),)
+    rec.record_gc([(1, stack, 0, 100, 90, 90, 0), (1, stack, 0, 200, 90, 90, 0),
+                   (1, ((_caller_a.__code__, 2),), 0, 300, 90, 90, 0)], cpu_now_us=200)
+    rec.append_sample(ctx, work, 1000, 200)
+    snaps = rec.snapshot(RunInfo(engine="native"))
+    assert list(snaps.cpu_deltas()) == [0, 180, 20, 0]
