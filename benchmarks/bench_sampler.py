@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import sampler  # noqa: E402
 from benchmarks.harness import cost_label  # noqa: E402
+from sampler.clocks import read_cpu  # noqa: E402
 from sampler.recorder import Recorder  # noqa: E402
 from sampler.tracking import Tracker  # noqa: E402
 
@@ -156,8 +157,9 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
     31 ms a second of its time with the GIL filing them.)"""
     ctl = sampler.create_sampler(sampler.ALL_THREADS, delay, **options)
     ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
-    file_samples = _filer(ctl)
+    file_samples, feeder_cpu = _filer(ctl)
     logs = []
+    sampled_seconds = filing_seconds = 0.0
     try:
         for p in range(pairs):
             times = {}
@@ -167,11 +169,14 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
                 time.sleep(SETTLE)
                 if sampled:
                     file_samples()
+                    fed = feeder_cpu()
                 times[sampled] = block()
                 if sampled:
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.thread_time()
                     file_samples()
                     times[sampled] += time.perf_counter() - start
+                    filing_seconds += time.thread_time() - cpu + feeder_cpu() - fed
+                    sampled_seconds += times[sampled]
                     ctl("pause")
             logs.append(math.log(times[True] / times[False]))
     finally:
@@ -183,15 +188,29 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
     return {"delay": delay, "pairs": pairs, "log_mean": mean, "se": se, "ratio": math.exp(mean),
             "two_se": two_se, "ratios": [round(math.exp(x), 4) for x in logs],
             "collector_cpu_per_tick_us": run.collector_cpu / max(run.ticks, 1) * 1e6,
+            # the native engine's filing: CPU with the GIL, per second of sampled blocks
+            "filing_ms_per_s": filing_seconds / sampled_seconds * 1e3
+            if sampled_seconds and getattr(ctl._collector, "flush", None) else None,
             "engine": getattr(run, "engine", "") or "python"}
 
 
-def _filer(ctl: Any) -> Callable[[], None]:
+def _filer(ctl: Any) -> tuple[Callable[[], None], Callable[[], float]]:
     """What files the samples ``ctl``'s sampler has taken and not filed yet, now, in
-    this thread: the native collector's drain (the Python engine files each sample
-    as it takes it: nothing)."""
-    flush = getattr(getattr(ctl, "_collector", None), "flush", None)
-    return flush if flush is not None else (lambda: None)
+    this thread (the native collector's drain; the Python engine files each sample
+    as it takes it: nothing), and the CPU seconds its feeder thread has used so far
+    (always 0.0 where there is none). The feeder files with the GIL, so what it and
+    the drains here use is taken from the program's time (the C thread's is not)."""
+    collector = getattr(ctl, "_collector", None)
+    flush = getattr(collector, "flush", None)
+    if flush is None:
+        return (lambda: None), (lambda: 0.0)
+
+    def feeder_cpu() -> float:
+        clock = getattr(collector, "_feeder_clock", None)
+        cpu = read_cpu(clock) if clock is not None else None
+        return cpu or 0.0
+
+    return flush, feeder_cpu
 
 
 def running_cost(delay: float, threads: int, pairs: int, block_seconds: float) -> dict:

@@ -714,7 +714,8 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
         checks.append(_check(
             f"slowdown, {config}, {label}", x["ratio"], f"<= {limit:.2f}x", _slowdown_within(est, limit),
             f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s blocks in one "
-            f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick",
+            f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
+            + (f", filing {x['filing_ms_per_s']:.1f} ms/s with the GIL" if x.get("filing_ms_per_s") is not None else ""),
             config, "slowdown", label))
     return checks
 

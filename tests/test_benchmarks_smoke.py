@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import Optional
 
+import pytest
+
 from benchmarks.harness import BUSY_MARK
 from run_helpers import REPO, repo_env
 
@@ -281,6 +283,7 @@ def test_each_workloads_running_cost_is_measured_in_a_process_of_its_own_and_jud
     rows = bench_running.measure("gevent_server", pairs=2, block_seconds=0.03, delays=(0.005,))
     assert [(x["workload"], x["delay"], len(x["ratios"])) for x in rows] == [("gevent_server", 0.005, 2)]
     assert rows[0]["se"] > 0 and rows[0]["collector_cpu_per_tick_us"] > 0
+    assert (rows[0]["filing_ms_per_s"] > 0) if rows[0]["engine"] == "native" else rows[0]["filing_ms_per_s"] is None
     env = repo_env(dict(os.environ, STACKSHOT_ENGINE=rows[0]["engine"]))
     ran = bench_running.run_all(["bursty", "no_such_workload"], pairs=2, block_seconds=0.02, env=env)
     assert [(x["workload"], x.get("delay")) for x in ran] == [
@@ -293,6 +296,37 @@ def test_each_workloads_running_cost_is_measured_in_a_process_of_its_own_and_jud
     md = "\n".join(_running_costs({"native": rows + ran}))
     assert "| `bursty` | " in md and "| `no_such_workload` | failed: `" in md
     assert "µs/tick" in md
+
+
+def test_a_sampled_blocks_time_includes_the_filing_of_its_samples(monkeypatch):
+    """The native engine files its samples on the feeder's turns, which mostly fall
+    after a short block: ``paired_cost`` files what came before a sampled block
+    (untimed) and then the block's own samples (timed, with the block). On a fake
+    clock: blocks of 100 ms, a filing of 10 ms (5 ms of CPU) after each sampled one."""
+    from benchmarks import bench_sampler
+
+    clock = {"wall": 0.0, "cpu": 0.0, "filings": 0}
+
+    class FakeTime:
+        perf_counter = staticmethod(lambda: clock["wall"])
+        thread_time = staticmethod(lambda: clock["cpu"])
+        sleep = staticmethod(lambda seconds: None)
+
+    def filing() -> None:
+        clock["filings"] += 1
+        if clock["filings"] % 2 == 0:  # (the one after the block: before it, nothing to file)
+            clock["wall"] += 0.010
+            clock["cpu"] += 0.005
+
+    monkeypatch.setattr(bench_sampler, "time", FakeTime)
+    monkeypatch.setattr(bench_sampler, "_filer", lambda ctl: (filing, lambda: 0.0))
+    cost = bench_sampler.paired_cost(lambda: 0.1, 0.005, 4)
+    assert clock["filings"] == 8
+    assert cost["ratios"] == [1.1] * 4 and cost["ratio"] == pytest.approx(1.1)
+    if cost["engine"] == "native":
+        assert cost["filing_ms_per_s"] == pytest.approx(5 / 0.11)
+    else:
+        assert cost["filing_ms_per_s"] is None
 
 
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
