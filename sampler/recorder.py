@@ -44,10 +44,6 @@ _MAX_DELTA = OVERFLOW - 1
 _HOOK_NAMES = frozenset({"SwitchHook.__call__", "__call__"})
 _HUB_NAMES = frozenset({"Hub.run", "run"})
 _REWRITTEN = _HOOK_NAMES | _HUB_NAMES
-_MAX_GC_STACKS = 4096
-"""Shapes of collection stacks whose samples' stack ids :meth:`Recorder.record_gc`
-remembers (the stacks held keep their code objects alive until the memo is cleared,
-at this size)."""
 
 
 def _stack_shape(stack: Sequence) -> tuple:
@@ -176,8 +172,6 @@ class Recorder:
         # generation -> CPU and wall microseconds of the collections filed
         self.gc_cpu: dict[int, int] = {}
         self.gc_wall: dict[int, int] = {}
-        # (generation, shape) of collections -> [(stack, their sample's stack)]
-        self._gc_stacks: dict[tuple, list] = {}
 
     # -- interning (the entry points shared with the native engine) -----------------
     @property
@@ -773,7 +767,8 @@ class Recorder:
         contexts: dict[int, Optional[_Context]] = {}  # each thread's, looked up once
         clocks: dict[int, Optional[int]] = {}  # each thread's clock, read once per call
         logs: dict[int, list] = {}  # each thread's greenlet switches
-        for (ident, base, generation, *shape), bucket in places.items():
+        trie = self._trie
+        for (ident, base, generation, *_shape), bucket in places.items():
             ctx = contexts[ident] if ident in contexts else contexts.setdefault(ident, self.thread_context(ident))
             if ctx is None:
                 continue
@@ -792,26 +787,11 @@ class Recorder:
                 # the greenlet that ran into the collections (none runs Python during one)
                 running = greenlet_at(logs[ident], int((self.start * 1e6 + began_us) * 1000),
                                       base) if logs[ident] else None
-                sid = self._collection_sample_stack(stack, generation, tuple(shape))
+                sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
                 self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
                 self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
                 self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
                                    collection=True)
-
-    def _collection_sample_stack(self, stack: Sequence, generation: int, shape: tuple) -> int:
-        """The stack of a sample of collections of ``generation`` triggered at
-        ``stack``, whose :func:`_stack_shape` is ``shape``: the stack plus a ``<gc>``
-        frame, interned (remembered: see :data:`_MAX_GC_STACKS`)."""
-        known = self._gc_stacks.setdefault((generation,) + shape, [])
-        for seen, sid in known:
-            if seen == stack:
-                return sid
-        trie = self._trie
-        sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
-        if len(self._gc_stacks) >= _MAX_GC_STACKS:
-            self._gc_stacks.clear()
-        self._gc_stacks.setdefault((generation,) + shape, []).append((stack, sid))
-        return sid
 
     def collection_stack(self, stack: list) -> int:
         """The stack that triggered a collection (its event's ``(code, offset)``
