@@ -54,6 +54,8 @@ def _stack_shape(stack: Sequence) -> tuple:
         return (0, 0, 0)
     code, lasti = stack[0]
     return (len(stack), id(code), lasti)
+
+
 GREENLETS_KEY = "greenlets"
 GREENLET_SPAWNS_KEY = "greenlet_spawns"
 """In a run's ``extra``: ``{context id: [[name, file, first line, line], ...]}``, the
