@@ -180,8 +180,9 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
             else:
                 print(f"{r['workload']} at {r['delay'] * 1000:g} ms ({r['engine']}): {r['ratio']:.4f}x "
                       f"± {r['two_se']:.4f} (2 SE, {r['pairs']} pairs); collector "
-                      f"{r['collector_cpu_per_tick_us']:.0f} µs CPU/tick, filing "
-                      f"{r.get('filing_ms_per_s') or 0:.1f} ms/s with the GIL")
+                      f"{r['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
+                      + (f", filing {r['filing_ms_per_s']:.1f} ms/s with the GIL"
+                         if r.get("filing_ms_per_s") is not None else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
