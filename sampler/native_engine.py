@@ -276,10 +276,9 @@ class _Slot:
         # greenlet record -> where its latest sample found it (running or waiting),
         # for the greenlets found latest (at most MAX_PLACED_GREENLETS)
         self.latest: dict[Any, tuple] = {}
-        # greenlet record -> the places its first samples in a turn found it at,
-        # each with the log of its turn's CPU and the CPU (us) other greenlets used
-        # since the sample before it (its weight when one is drawn: _start_of)
-        self.starts: dict[Any, deque] = {}
+        # greenlet record -> the places its first samples in a turn found it at, by
+        # the length of their turns (_remember_start)
+        self.starts: dict[Any, dict[int, list]] = {}
         # (frames, base, marks) of its last sample that came with frames: what a
         # SAME sample (the C thread read them again) shows
         self.last_read: Optional[tuple[bytes, int, tuple]] = None
@@ -290,6 +289,31 @@ def _remember_place(places: dict, rec: Any, place: tuple) -> None:
     seen = places.get(rec) or deque(maxlen=RECENT_PLACES)
     seen.append(place)
     _remember_last(places, rec, seen)
+
+
+def _turn_bucket(turn_us: int) -> int:
+    """The bucket of turns about as long as one of ``turn_us`` of CPU: within half
+    again (:data:`LIKE_TURN`), on a fixed scale."""
+    return int(math.log(max(turn_us, 1)) / LIKE_TURN)
+
+
+def _remember_start(starts: dict, rec: Any, place: tuple, turn_us: int, weight: int) -> None:
+    """Add ``place``, where a sample first found greenlet ``rec`` in a turn of
+    ``turn_us`` of CPU, to its starts (``_Slot.starts``), with ``weight``: the CPU
+    other greenlets used in that sample's interval. Kept per bucket of turn length
+    (:func:`_turn_bucket`), the latest :data:`RECENT_PLACES` of each, with their
+    weights' sum: a start is drawn for every turn a sample finds, and drawn this
+    way it costs 0.8 us against 5 us for comparing each start's turn length and
+    drawing with ``random.choices``."""
+    buckets = starts.get(rec) or {}
+    kept = buckets.get(_turn_bucket(turn_us))
+    if kept is None:
+        kept = buckets[_turn_bucket(turn_us)] = [deque(maxlen=RECENT_PLACES), 0]
+    if len(kept[0]) == RECENT_PLACES:
+        kept[1] -= kept[0][0][1]
+    kept[0].append((place, weight))
+    kept[1] += weight
+    _remember_last(starts, rec, buckets)
 
 
 def _like_turn(places: Any, used: int) -> list:
@@ -339,10 +363,11 @@ class NativeCollector(Steering):
         self._engine = _native.Engine(delay, marks=bool(recorder.custom_keys))
         self._resolver = _Resolver(self._engine)
         self._switch_logs: dict[int, list] = {}
+        self._turn_memo: tuple = (None, 0, 0)  # (see _turn_length)
         self._filed_until: dict[int, int] = {}  # (see _file)
         chance = random.Random()  # (for the places drawn: _unseen_run, _file_turns)
         self._draw = chance.randrange
-        self._weighed_draw = chance.choices
+        self._uniform = chance.random
         self._slots: dict[int, _Slot] = {}  # slot number -> slot (this turn's and the last)
         self._previous: set[int] = set()
         self._slot_of: dict[int, int] = {}  # ident -> slot number
@@ -699,6 +724,7 @@ class NativeCollector(Steering):
         if codes:
             self._resolver.learn(codes)
         self._switch_logs = {}  # this drain's copies (sampler.greenlets)
+        self._turn_memo = (None, 0, 0)  # (see _turn_length)
         # each thread's last sample filed before this drain: where its copy starts
         self._filed_until = {}
         for slot in self._slots.values():
@@ -799,10 +825,10 @@ class NativeCollector(Steering):
                 slot.ran_at = wall_us
                 slot.runs.append(slot.ran)
                 if placed:
-                    turn_log = math.log(max(self._turn_length(slot, cpu_us), 1))
-                    _remember_place(slot.places, running, slot.ran + (turn_log,))
+                    turn_us = self._turn_length(slot, cpu_us)
+                    _remember_place(slot.places, running, slot.ran + (math.log(max(turn_us, 1)),))
                     if turns:
-                        _remember_place(slot.starts, running, slot.ran + (turn_log, before))
+                        _remember_start(slot.starts, running, slot.ran, turn_us, before)
 
     def _where_it_ran(self, slot: _Slot, base: int, wall_us: int) -> Optional[tuple]:
         """Where to file the CPU a thread used since its last sample, found waiting
@@ -875,8 +901,9 @@ class NativeCollector(Steering):
           the greenlet's places seen running, else it stays with the sample, in the
           place it waits in.
 
-        The start is drawn among those of turns like the one found (:meth:`_start_of`),
-        in proportion to the CPU other greenlets used before each in its interval.
+        The start is drawn among those of turns like the one found (of the same
+        bucket of lengths, :meth:`_start_of`), in proportion to the CPU other
+        greenlets used before each in its interval.
         Why: a sample that is the first of its turn gets half of the turn up to it,
         where a sample after another in the same turn gets half of the whole
         interval before it; it is short by half of what other greenlets used in that
@@ -886,13 +913,15 @@ class NativeCollector(Steering):
         turn) is short. A busy gevent server's hashing, which begins its handlers'
         turns, got 0.4-3.8 points too little at 1 ms with starts drawn alike (the
         rendering 1.3 too much on average on 3.11, 1.8 on 3.12); drawn like this, the
-        rendering is 0.0-1.7 too much (0.8 on 3.11, 1.2 on 3.12).
+        rendering is 0.7 too little to 1.7 too much (24 runs on 3.10-3.13: 0.7 too
+        much on average).
 
         Turns merged (more than :data:`MAX_TURNS` between two samples: one per
         greenlet) are drawn among all of their greenlet's places: their CPU is no
         turn's length. (Compared with turn lengths, the benchmark's gevent server at
         5 ms, a rendering turn and a hashing turn of each handler merged, went to
-        places of rendering turns: the rendering 2.4 points too much, against 1.3.)
+        places of rendering turns: the rendering 2.4 points too much on average in
+        12 runs; 0.3 in 8 runs drawn among all.)
 
         Each run is filed as two samples at its place, one with no CPU where the run
         begins, so that ``'split'`` gives it wholly to its greenlet, not half to the
@@ -935,27 +964,42 @@ class NativeCollector(Steering):
             self._file_sample(slot, sid, base, mid, slot.last_wall_us, slot.last_cpu_us, greenlet=current)
         return before
 
-    def _start_of(self, starts: Any, turn_us: int) -> tuple:
-        """One of a greenlet's ``starts`` (``_Slot.starts``) for a turn of ``turn_us``
-        of CPU: among those seen in turns most like it, drawn in proportion to the
-        CPU other greenlets used before each (all alike where none did)."""
-        starts = _like_turn(starts, max(turn_us, 1))
-        weights = [start[5] for start in starts]
-        if sum(weights) <= 0:
-            return starts[self._draw(len(starts))]
-        return self._weighed_draw(starts, weights)[0]
+    def _start_of(self, buckets: dict, turn_us: int) -> tuple:
+        """One of a greenlet's starts (``_Slot.starts``: ``buckets``) for a turn of
+        ``turn_us`` of CPU: among those seen in turns like it (the nearest bucket of
+        turn lengths that has any), drawn in proportion to the CPU other greenlets
+        used before each (all alike where none did)."""
+        bucket = _turn_bucket(turn_us)
+        kept = buckets.get(bucket)
+        if kept is None:
+            kept = buckets[min(buckets, key=lambda b: abs(b - bucket))]
+        starts, total = kept
+        if total <= 0:
+            return starts[self._draw(len(starts))][0]
+        left = self._uniform() * total
+        for place, weight in starts:
+            left -= weight
+            if left < 0:
+                return place
+        return starts[-1][0]
 
     def _turn_length(self, slot: _Slot, cpu_us: int) -> int:
         """The CPU (us) of the turn of ``slot``'s thread's greenlet that was running
         at its CPU clock ``cpu_us``, by the switch log (a turn not over when the log
-        was copied: so far; no log: 0)."""
+        was copied: so far; no log: 0). The last answer is kept for the drain (a
+        sample that begins a turn asks twice: for its start and for its place)."""
+        memo = self._turn_memo
+        if memo[0] is slot and memo[1] == cpu_us:
+            return memo[2]
         log = self._switch_log(slot)
         if not log or len(log[0]) < 3:
             return 0
         i = bisect_right(log, cpu_us * 1000, key=_cpu_logged)
         began_ns = log[i - 1][2] if i else 0
         ended_ns = log[i][2] if i < len(log) else cpu_us * 1000
-        return max(ended_ns - began_ns, 0) // 1000
+        length = max(ended_ns - began_ns, 0) // 1000
+        self._turn_memo = (slot, cpu_us, length)
+        return length
 
     def _place_of(self, slot: _Slot, rec: Any, used: int = 0) -> Optional[tuple]:
         """Where to file CPU that greenlet ``rec`` used where no sample saw it: one of
