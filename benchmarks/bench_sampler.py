@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from array import array
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -157,7 +157,8 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
     31 ms a second of its time with the GIL filing them.)"""
     ctl = sampler.create_sampler(sampler.ALL_THREADS, delay, **options)
     ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
-    file_samples, feeder_cpu = _filer(ctl)
+    filer = _filer(ctl)
+    file_samples, feeder_cpu = filer or ((lambda: None), (lambda: 0.0))
     logs = []
     sampled_seconds = filing_seconds = 0.0
     try:
@@ -190,20 +191,21 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
             "collector_cpu_per_tick_us": run.collector_cpu / max(run.ticks, 1) * 1e6,
             # the native engine's filing: CPU with the GIL, per second of sampled blocks
             "filing_ms_per_s": filing_seconds / sampled_seconds * 1e3
-            if sampled_seconds and getattr(ctl._collector, "flush", None) else None,
+            if sampled_seconds and filer is not None else None,
             "engine": getattr(run, "engine", "") or "python"}
 
 
-def _filer(ctl: Any) -> tuple[Callable[[], None], Callable[[], float]]:
+def _filer(ctl: Any) -> Optional[tuple[Callable[[], None], Callable[[], float]]]:
     """What files the samples ``ctl``'s sampler has taken and not filed yet, now, in
-    this thread (the native collector's drain; the Python engine files each sample
-    as it takes it: nothing), and the CPU seconds its feeder thread has used so far
-    (always 0.0 where there is none). The feeder files with the GIL, so what it and
-    the drains here use is taken from the program's time (the C thread's is not)."""
+    this thread (the native collector's drain), and the CPU seconds its feeder
+    thread has used so far (0.0 where its clock cannot be read); ``None`` where
+    samples are filed as they are taken (the Python engine). The feeder files with
+    the GIL, so what it and the drains here use is taken from the program's time
+    (the C thread's is not)."""
     collector = getattr(ctl, "_collector", None)
     flush = getattr(collector, "flush", None)
     if flush is None:
-        return (lambda: None), (lambda: 0.0)
+        return None
 
     def feeder_cpu() -> float:
         clock = getattr(collector, "_feeder_clock", None)
