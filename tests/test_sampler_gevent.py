@@ -192,7 +192,8 @@ def test_a_busy_gevent_servers_handlers_get_their_true_cpu_shares():
     queued, so a handler goes from its response straight into rendering the next
     page, and its greenlet switches only at a sleep between rendering and hashing
     (on a 2-core machine the client thread lags: a third of the handlers' turns are
-    that, a third hash and then wait for the next request, a third render). The native engine's default, 'split', halves each interval its OS thread ran
+    that, a third hash and then wait for the next request, a third render). The
+    native engine's default, 'split', halves each interval its OS thread ran
     through, across greenlet switches too: split within each greenlet, every run of
     a greenlet's samples got its first interval whole and gave back half of the
     next, and the hashing, which always starts after a switch, got 9-20 points too
