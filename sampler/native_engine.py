@@ -306,9 +306,10 @@ def _remember_start(starts: dict, rec: Any, place: tuple, turn_us: int, weight: 
     way it costs 0.8 us against 5 us for comparing each start's turn length and
     drawing with ``random.choices``."""
     buckets = starts.get(rec) or {}
-    kept = buckets.get(_turn_bucket(turn_us))
+    bucket = _turn_bucket(turn_us)
+    kept = buckets.get(bucket)
     if kept is None:
-        kept = buckets[_turn_bucket(turn_us)] = [deque(maxlen=RECENT_PLACES), 0]
+        kept = buckets[bucket] = [deque(maxlen=RECENT_PLACES), 0]
     if len(kept[0]) == RECENT_PLACES:
         kept[1] -= kept[0][0][1]
     kept[0].append((place, weight))
