@@ -194,7 +194,15 @@ def _learn_base(rec: GreenletRecord, frame: Optional[FrameType]) -> None:
 
 
 class SwitchHook:
-    """The trace function of one thread: keeps :attr:`current` up to date."""
+    """The trace function of one thread: keeps :attr:`current` up to date, and logs
+    each switch with the clocks.
+
+    The clocks are read as the hook's last act, so the CPU of a switch (the call
+    to ``switch()``, greenlet's own work, this hook's and any tracer it chains) is
+    the switcher's, as an outside sampler would see it, and the greenlet switched to
+    is charged from where it goes on. (Read in the middle, the rest of the hook went
+    to the greenlet switched to: a worker switched to after a nap of the main
+    greenlet, caches cold, was charged 5-6 us a turn from its switch in, 4-5 now.)"""
 
     def __init__(self, previous: Optional[Callable[..., Any]]) -> None:
         self.previous = previous
@@ -216,6 +224,7 @@ class SwitchHook:
             _note_switching()
 
     def __call__(self, event: str, args: Any) -> None:
+        switched_to = None
         if self.users and (event == "switch" or event == "throw"):
             try:
                 if not self.switched:
@@ -228,7 +237,7 @@ class SwitchHook:
                         # first run, started by its parent: spawned from there
                         rec.spawn = _frames(args[0].gr_frame)
                 origin, self.current = self.current, rec
-                self.log.append((perf_counter_ns(), rec, thread_time_ns()))
+                switched_to = rec
                 if not rec.base or not rec.named:
                     # it runs now: its frames are the caller's
                     _learn_base(rec, sys._getframe(0).f_back)
@@ -236,8 +245,14 @@ class SwitchHook:
                     _learn_base(origin, args[0].gr_frame)  # suspended: read in one go
             except Exception:  # a profiler's trouble never reaches the program
                 pass
-        if self.previous is not None:
-            self.previous(event, args)
+        try:
+            if self.previous is not None:
+                self.previous(event, args)
+        finally:
+            if switched_to is not None:
+                # Logged last: the CPU of a switch, this hook's and the chained
+                # tracer's included, is the switcher's (see the class docstring).
+                self.log.append((perf_counter_ns(), switched_to, thread_time_ns()))
 
 
 HOOK_CODE = SwitchHook.__call__.__code__

@@ -243,8 +243,13 @@ def _cpu_under(snaps, name: str) -> float:
 def _shares_of_two_workers(delay: float, rounds: int) -> dict:
     """Sample (every ``delay``) ``rounds`` rounds of a main greenlet napping 2 ms
     between turns of two workers of 0.3 and 0.6 ms of CPU: for each worker, its
-    share of the thread's CPU as charged and as measured (``time.thread_time``)."""
+    share of the thread's CPU as charged and as measured (``time.thread_time``).
+
+    A worker's turn is timed from its first line after it is switched to until the
+    main greenlet runs again: its ``main.switch()`` is its own (see
+    ``scribblings/greenlets.md``, "Switches")."""
     spent = {"light_turns": 0.0, "heavy_turns": 0.0}
+    left = [0.0]  # the CPU clock as the worker running last began its switch out
 
     def turns(name: str, seconds: float) -> None:
         main = greenlet.getcurrent().parent
@@ -253,7 +258,8 @@ def _shares_of_two_workers(delay: float, rounds: int) -> dict:
             end = t0 + seconds
             while time.thread_time() < end:
                 pass
-            spent[name] += time.thread_time() - t0
+            left[0] = time.thread_time()
+            spent[name] += left[0] - t0
             main.switch()
 
     def light_turns() -> None:
@@ -266,8 +272,9 @@ def _shares_of_two_workers(delay: float, rounds: int) -> dict:
     workers = [greenlet.greenlet(light_turns), greenlet.greenlet(heavy_turns)]
     t0 = time.thread_time()
     for _ in range(rounds):
-        for worker in workers:
+        for worker, name in zip(workers, spent):
             worker.switch()
+            spent[name] += time.thread_time() - left[0]
         time.sleep(0.002)
     total = time.thread_time() - t0
     ctl.stop()
