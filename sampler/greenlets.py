@@ -197,12 +197,14 @@ class SwitchHook:
     """The trace function of one thread: keeps :attr:`current` up to date, and logs
     each switch with the clocks.
 
-    The clocks are read as the hook's last act, so the CPU of a switch (the call
-    to ``switch()``, greenlet's own work, this hook's and any tracer it chains) is
-    the switcher's, as an outside sampler would see it, and the greenlet switched to
-    is charged from where it goes on. (Read in the middle, the rest of the hook went
-    to the greenlet switched to: a worker switched to after a nap of the main
-    greenlet, caches cold, was charged 5-6 us a turn from its switch in, 4-5 now.)"""
+    The clocks are read when the hook's own work is done, so the CPU of a switch
+    (the call to ``switch()``, greenlet's work and this hook's) is the switcher's,
+    and the greenlet switched to is charged from where its own code goes on. (Read
+    in the middle of the hook, the rest of it went to the greenlet switched to: a
+    worker switched to after a nap of the main greenlet, caches cold, was charged
+    5-6 us a turn of it, 4-5 now.) A tracer the hook chains runs after the reading,
+    in the greenlet switched to, whose stack a sample finds it on: its CPU is that
+    greenlet's, where its samples are filed."""
 
     def __init__(self, previous: Optional[Callable[..., Any]]) -> None:
         self.previous = previous
@@ -245,14 +247,10 @@ class SwitchHook:
                     _learn_base(origin, args[0].gr_frame)  # suspended: read in one go
             except Exception:  # a profiler's trouble never reaches the program
                 pass
-        try:
-            if self.previous is not None:
-                self.previous(event, args)
-        finally:
-            if switched_to is not None:
-                # Logged last: the CPU of a switch, this hook's and the chained
-                # tracer's included, is the switcher's (see the class docstring).
-                self.log.append((perf_counter_ns(), switched_to, thread_time_ns()))
+        if switched_to is not None:  # (logged once the hook's work is done: see above)
+            self.log.append((perf_counter_ns(), switched_to, thread_time_ns()))
+        if self.previous is not None:
+            self.previous(event, args)
 
 
 HOOK_CODE = SwitchHook.__call__.__code__
