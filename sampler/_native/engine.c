@@ -39,6 +39,8 @@
 #define SS_WALK_TRIES 8              /* reads of a stack per tick before it counts as torn */
 #define SS_MAX_CHUNKS 512            /* older data-stack chunks looked at per walk */
 #define SS_CHUNK_COPY_MAX (1 << 20)  /* bytes of one data-stack chunk copied at once */
+#define SS_CHUNK_SLACK 2048          /* bytes past the last walk's use read with the state (walk) */
+#define SS_ASLEEP_MEMORY 8           /* samples a thread is asked whether it sleeps after it last did */
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered per drain epoch */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
@@ -96,7 +98,11 @@ typedef struct {
     int stat_fd;       /* /proc/self/task/<tid>/stat, opened when first needed; -1 */
     int status_fd;     /* /proc/self/task/<tid>/status, likewise */
     long long voluntary;  /* its voluntary context switches when last read; -1 unknown */
-    uintptr_t cframe;  /* 3.11-3.12: the C frame its state named at the last walk (ss_read_top) */
+    uintptr_t cframe;  /* 3.11-3.12: the C frame its state named at the last walk (ss_top_field) */
+    uintptr_t chunk_hint;     /* 3.11+: the data-stack chunk current at the last walk (0: none) */
+    size_t chunk_hint_bytes;  /* how much of it the next walk reads with the thread state */
+    uintptr_t outside_hint;   /* the first frame outside the data-stack chunks at the last walk */
+    uint32_t since_asleep;    /* its samples since one found it asleep (is_asleep) */
     int held;          /* `held_rec` is a sample not in the buffer yet (flush_held) */
     ss_record held_rec;  /* its latest sample of a stretch filed once (REPEAT or SAME) */
     size_t last_off;   /* where its last sample with frames is in the active buffer, */
@@ -162,6 +168,7 @@ typedef struct {
     uint32_t epoch;
     /* statistics */
     uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
+    uint64_t sleep_asks;       /* reads of a thread's state from /proc (is_asleep) */
     /* collector-only scratch (never touched by Python) */
     ss_reader reader;
     ss_entry *frames;
@@ -187,6 +194,9 @@ typedef struct {
     uintptr_t older_lo, older_hi; /* the older chunk in older_copy */
     int n_older;                  /* older chunk ranges known, -1: not looked up yet */
     uintptr_t older[SS_MAX_CHUNKS][2];
+    uintptr_t hint_addr;          /* a frame outside the chunks read with the thread state, */
+    const char *hint_bytes;       /* its bytes (walk: the target's outside_hint) */
+    uintptr_t outside_first;      /* the first frame met outside the copied chunks */
 } ss_regions;
 
 static int64_t mono_ns(void) {
@@ -349,6 +359,8 @@ static const char *frame_bytes(Engine *e, ss_regions *r, uintptr_t addr, char *o
         }
     }
 #endif
+    if (r->outside_first == 0) r->outside_first = addr;
+    if (addr == r->hint_addr) return r->hint_bytes;
     return ss_read(&e->reader, own, addr, SS_FRAME_SIZE) == 0 ? own : NULL;
 }
 
@@ -417,10 +429,40 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
  * stack changed under the walk (the caller reads again). Sets *base to the outermost
  * frame's address and *flags. */
 static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
-    ss_tstate_view view;
+    /* One system call reads, in this order: where the top frame is (the sample's
+     * moment: ss_top_field), the thread state, and (3.11+) the data-stack chunk that
+     * was current at the last walk, as far as it was used then and a little further
+     * (SS_CHUNK_SLACK). Most walks find the same chunk, used about as far: then they
+     * take one system call, not three or four (each 1-3 us here, and most of a
+     * tick's own CPU). What the state says otherwise is read after it, as before. */
+    PyThreadState ts;
     uintptr_t top = 0;
-    int top_first = ss_read_top(&e->reader, t->tstate, t->cframe, &top) == 0;
-    if (ss_read_tstate(&e->reader, t->tstate, &view) != 0) return -1;
+    char outside[SS_FRAME_SIZE];
+    void *dst[SS_READV_MAX];
+    uintptr_t src[SS_READV_MAX];
+    size_t len[SS_READV_MAX];
+    int n = 0, at_top = -1, at_chunk = -1, at_outside = -1;
+    uintptr_t top_field = ss_top_field(t->tstate, t->cframe);  /* (0: 3.11-3.12 before the C frame is known) */
+    if (top_field) {
+        at_top = n;
+        dst[n] = &top, src[n] = top_field, len[n++] = sizeof top;
+    }
+    int at_state = n;
+    dst[n] = &ts, src[n] = t->tstate, len[n++] = sizeof ts;
+    if (t->chunk_hint) {
+        at_chunk = n;
+        dst[n] = e->chunk_copy, src[n] = t->chunk_hint, len[n++] = t->chunk_hint_bytes;
+    }
+    if (t->outside_hint) {
+        at_outside = n;
+        dst[n] = outside, src[n] = t->outside_hint, len[n++] = SS_FRAME_SIZE;
+    }
+    int whole = ss_readv(&e->reader, dst, src, len, n);
+    int top_first = at_top >= 0 && whole > at_top;
+    if (whole <= at_state && ss_read(&e->reader, &ts, t->tstate, sizeof ts) != 0) return -1;
+    int chunk_read = at_chunk >= 0 && whole > at_chunk;
+    ss_tstate_view view;
+    if (ss_decode_tstate(&e->reader, &ts, top_first ? t->cframe : 0, top, &view) != 0) return -1;
     if (view.thread_id != t->ident) return -1;
     t->state_id = view.id;
     if (view.cframe != t->cframe) {  /* (3.11-3.12: the top read first hangs off another C frame) */
@@ -429,6 +471,10 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     }
     if (top_first) view.top = top;
     ss_regions r = {0, 0, 0, 0, 0, -1};
+    if (at_outside >= 0 && whole > at_outside) {
+        r.hint_addr = t->outside_hint;
+        r.hint_bytes = outside;
+    }
 #if PY_VERSION_HEX >= 0x030B0000
     /* Most frames live in the current data-stack chunk: copy the chunk (header and
      * frames) in one read and decode frames from the copy. The top and
@@ -444,7 +490,10 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
         && view.top - view.chunk <= SS_CHUNK_COPY_MAX - SS_FRAME_SIZE)
         copy_end = view.top + SS_FRAME_SIZE;
     if (view.chunk && view.chunk_top > view.chunk && copy_end - view.chunk <= SS_CHUNK_COPY_MAX) {
-        int copied = ss_read(&e->reader, e->chunk_copy, view.chunk, copy_end - view.chunk) == 0;
+        /* (the chunk read with the state holds the bytes wanted when it is the same
+         * chunk and reaches far enough: read just after the state, as they would be) */
+        int copied = chunk_read && view.chunk == t->chunk_hint && copy_end - view.chunk <= t->chunk_hint_bytes;
+        if (!copied) copied = ss_read(&e->reader, e->chunk_copy, view.chunk, copy_end - view.chunk) == 0;
         if (!copied && copy_end != view.chunk_top) {
             copy_end = view.chunk_top;
             copied = ss_read(&e->reader, e->chunk_copy, view.chunk, copy_end - view.chunk) == 0;
@@ -457,6 +506,19 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
                                                                                          : view.chunk_top;
         }
     }
+    /* what the next walk reads with the state: this chunk, as far as it was used and
+     * a little further, never past the chunk's end */
+    t->chunk_hint = 0;
+    if (r.lo != 0) {
+        size_t want = ((r.hi - r.lo) + SS_CHUNK_SLACK + 511) & ~(size_t)511;
+        size_t room = r.alloc_hi - r.lo;
+        if (want > room) want = room;
+        if (want > SS_CHUNK_COPY_MAX) want = SS_CHUNK_COPY_MAX;
+        t->chunk_hint = r.lo;
+        t->chunk_hint_bytes = want;
+    }
+#else
+    (void)chunk_read;
 #endif
     uintptr_t addr = view.top;
     int depth = 0;
@@ -542,6 +604,10 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             return -2;
     }
     if (!walk_is_one_moment(e, &r, depth)) return -2;
+    /* (read with the next walk's thread state: on 3.12+ the C-stack shim under a
+     * thread's outermost frame, where it started running Python, or a generator's
+     * frame the stack runs in) */
+    t->outside_hint = r.outside_first;
     return depth;
 }
 
@@ -801,7 +867,21 @@ static void sample_target(Engine *e, ss_target *t) {
         moved = cpu_after > cpu;
         rec.cpu_ns = cpu_after;
     }
-    if (t->has_last && is_asleep(t)) flags |= SS_ASLEEP;
+    /* Asked of the kernel (a read of /proc: 5-8 us here, the dearest part of a walk)
+     * only where the answer can be yes: of a thread whose clock stood still during
+     * the walk, or that was found asleep in one of its last SS_ASLEEP_MEMORY samples.
+     * A thread computing without a break is not asked each tick; what it loses is a
+     * thread that ran while it was read, blocked just after and had not blocked for
+     * that long: its interval's CPU goes where it was read instead of to its last
+     * place seen running, for one sample. */
+    int ask = t->has_last && (!moved || t->since_asleep < SS_ASLEEP_MEMORY);
+    e->sleep_asks += (uint64_t)ask;
+    if (ask && is_asleep(t)) {
+        flags |= SS_ASLEEP;
+        t->since_asleep = 0;
+    } else if (t->since_asleep < UINT32_MAX) {
+        t->since_asleep++;
+    }
     /* On a core now, not just runnable: its CPU clock moved while we read it (the
      * kernel brings a running thread's clock up to date on every read). A thread
      * found in a place where it also waits (a C call that lets the GIL go, then
@@ -1367,6 +1447,10 @@ static PyObject *Engine_set_targets(Engine *e, PyObject *arg) {
                 fresh[i].held_gil = old->held_gil;
                 fresh[i].handed_over = old->handed_over;
                 fresh[i].cframe = old->cframe;
+                fresh[i].chunk_hint = old->chunk_hint;
+                fresh[i].chunk_hint_bytes = old->chunk_hint_bytes;
+                fresh[i].outside_hint = old->outside_hint;
+                fresh[i].since_asleep = old->since_asleep;
                 fresh[i].last_off = old->last_off;  /* (its last sample, if still in the buffer) */
                 fresh[i].last_epoch = old->last_epoch;
                 fresh[i].gone = old->gone && old->clock == fresh[i].clock;
@@ -1498,8 +1582,9 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     /* copied under the lock, turned into Python values after it: nothing that may
      * allocate (and so run a collection, and Python code) while the collector waits */
     LOCK(e);
-    unsigned long long n[10] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
-                                e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses};
+    unsigned long long n[12] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
+                                e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses,
+                                e->reader.calls, e->sleep_asks};
     int running = e->thread_running, short_slice = e->short_slice;
     Py_ssize_t buffer_bytes = (Py_ssize_t)e->active.cap;
     double cpu = e->final_cpu;
@@ -1509,9 +1594,10 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsisisn}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsisisn}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
-        "shadow_reads", n[8], "shadow_misses", n[9], "running", running, "short_slice", short_slice,
+        "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
+        "running", running, "short_slice", short_slice,
         "buffer_bytes", buffer_bytes);
     if (d == NULL) return NULL;
     PyObject *v = PyFloat_FromDouble(cpu);

@@ -78,15 +78,18 @@ typedef struct {
 
 /* ---- thread state ------------------------------------------------------------ */
 
-static inline int ss_read_tstate(ss_reader *r, uintptr_t tstate, ss_tstate_view *out) {
-    PyThreadState ts;
-    if (ss_read(r, &ts, tstate, sizeof ts) != 0) return -1;
-    out->id = ts.id;
-    out->thread_id = ts.thread_id;
+/* Decode a copy of a thread state. On 3.11-3.12 the innermost frame hangs off the C
+ * frame the state names, on the C stack: when that is `known_cframe` (not 0) its
+ * frame `known_top` (read through it) is taken as the top, else the C frame is read
+ * now. Returns -1 when that read fails. */
+static inline int ss_decode_tstate(ss_reader *r, const PyThreadState *ts, uintptr_t known_cframe,
+                                   uintptr_t known_top, ss_tstate_view *out) {
+    out->id = ts->id;
+    out->thread_id = ts->thread_id;
 #if PY_VERSION_HEX >= 0x030B0000
-    out->native_id = ts.native_thread_id;
-    out->chunk = (uintptr_t)ts.datastack_chunk;
-    out->chunk_top = (uintptr_t)ts.datastack_top;
+    out->native_id = ts->native_thread_id;
+    out->chunk = (uintptr_t)ts->datastack_chunk;
+    out->chunk_top = (uintptr_t)ts->datastack_top;
 #else
     out->native_id = 0;
     out->chunk = 0;
@@ -94,45 +97,55 @@ static inline int ss_read_tstate(ss_reader *r, uintptr_t tstate, ss_tstate_view 
 #endif
     out->cframe = 0;
 #if PY_VERSION_HEX >= 0x030D0000
-    out->top = (uintptr_t)ts.current_frame;
+    (void)r, (void)known_cframe, (void)known_top;
+    out->top = (uintptr_t)ts->current_frame;
 #elif PY_VERSION_HEX >= 0x030B0000
     {   /* the current frame hangs off the C frame, which lives on the C stack */
         _PyCFrame cf;
-        out->cframe = (uintptr_t)ts.cframe;
-        if (ts.cframe == NULL) {
+        out->cframe = (uintptr_t)ts->cframe;
+        if (ts->cframe == NULL) {
             out->top = 0;
+        } else if (known_cframe != 0 && out->cframe == known_cframe) {
+            out->top = known_top;
         } else {
-            if (ss_read(r, &cf, (uintptr_t)ts.cframe, sizeof cf) != 0) return -1;
+            if (ss_read(r, &cf, (uintptr_t)ts->cframe, sizeof cf) != 0) return -1;
             out->top = (uintptr_t)cf.current_frame;
         }
     }
 #else
-    out->top = (uintptr_t)ts.frame;
+    (void)r, (void)known_cframe, (void)known_top;
+    out->top = (uintptr_t)ts->frame;
 #endif
     return 0;
 }
 
-/* The innermost frame of a running thread, read alone, before anything else of its
- * thread state: the sample's moment. Read after the thread state, the moment leaned
- * to callers: the copy of the state pulls the cache lines the thread writes at every
- * call and return (its data-stack top) away from its core, and the thread, stalled
- * on its next write there, is found in the frame making it (3.12: a 1 us function
- * called from a loop got 50-58% of the samples where py-spy, stopping the process,
- * gives it 66-67%, and so did this engine with the program on the collector's core,
- * stopped while read). 3.11-3.12 read it through the C frame the state named last
- * time (`cframe`, 0: not known yet, then 1 is returned and the caller reads in the
- * usual order); the caller checks that the state still names that C frame. */
-static inline int ss_read_top(ss_reader *r, uintptr_t tstate, uintptr_t cframe, uintptr_t *top) {
+static inline int ss_read_tstate(ss_reader *r, uintptr_t tstate, ss_tstate_view *out) {
+    PyThreadState ts;
+    if (ss_read(r, &ts, tstate, sizeof ts) != 0) return -1;
+    return ss_decode_tstate(r, &ts, 0, 0, out);
+}
+
+/* Where the innermost frame of a running thread is named: read alone, before
+ * anything else of its thread state, it is the sample's moment. Read after the
+ * thread state, the moment leaned to callers: the copy of the state pulls the cache
+ * lines the thread writes at every call and return (its data-stack top) away from its
+ * core, and the thread, stalled on its next write there, is found in the frame making
+ * it (3.12: a 1 us function called from a loop got 50-58% of the samples where
+ * py-spy, stopping the process, gives it 66-67%, and so did this engine with the
+ * program on the collector's core, stopped while read). 3.11-3.12 read it through
+ * the C frame the state named last time (`cframe`; 0: not known yet, then 0 is
+ * returned and the state is read first); the caller checks that the state still
+ * names that C frame. */
+static inline uintptr_t ss_top_field(uintptr_t tstate, uintptr_t cframe) {
 #if PY_VERSION_HEX >= 0x030D0000
     (void)cframe;
-    return ss_read(r, top, tstate + offsetof(PyThreadState, current_frame), sizeof *top);
+    return tstate + offsetof(PyThreadState, current_frame);
 #elif PY_VERSION_HEX >= 0x030B0000
     (void)tstate;
-    if (cframe == 0) return 1;
-    return ss_read(r, top, cframe + offsetof(_PyCFrame, current_frame), sizeof *top);
+    return cframe == 0 ? 0 : cframe + offsetof(_PyCFrame, current_frame);
 #else
     (void)cframe;
-    return ss_read(r, top, tstate + offsetof(PyThreadState, frame), sizeof *top);
+    return tstate + offsetof(PyThreadState, frame);
 #endif
 }
 

@@ -24,12 +24,14 @@ typedef struct {
     pid_t pid;      /* our own pid (refreshed after fork) */
     int mem_fd;     /* /proc/self/mem, opened when process_vm_readv is refused */
     int use_pread;  /* 1 once process_vm_readv was refused */
+    unsigned long long calls;  /* system calls made to read (what reads cost: counted) */
 } ss_reader;
 
 static inline void ss_reader_init(ss_reader *r) {
     r->pid = getpid();
     r->mem_fd = -1;
     r->use_pread = 0;
+    r->calls = 0;
 }
 
 static inline void ss_reader_close(ss_reader *r) {
@@ -47,6 +49,7 @@ static inline int ss_read(ss_reader *r, void *dst, uintptr_t src, size_t n) {
     if (!r->use_pread) {
         struct iovec local = {dst, n};
         struct iovec remote = {(void *)src, n};
+        r->calls++;
         ssize_t got = process_vm_readv(r->pid, &local, 1, &remote, 1, 0);
         if (got == (ssize_t)n) return 0;
         if (got >= 0 || errno == EFAULT || errno == ESRCH) return -1;
@@ -57,8 +60,46 @@ static inline int ss_read(ss_reader *r, void *dst, uintptr_t src, size_t n) {
         r->mem_fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
         if (r->mem_fd < 0) return -1;
     }
+    r->calls++;
     ssize_t got = pread(r->mem_fd, dst, n, (off_t)src);
     return got == (ssize_t)n ? 0 : -1;
+}
+
+/* Copy n ranges in one system call, in order: part i is the len[i] bytes at src[i],
+ * into dst[i]. Returns how many leading parts were copied whole (0 to n); the part
+ * after them, if any, could not be read, and the parts after that were not tried.
+ * The kernel copies the parts one after another, so the first part is read at the
+ * earliest moment, as with separate reads in that order, for one system call
+ * instead of n (each costs 1-3 us on these VMs). At most SS_READV_MAX parts. */
+#define SS_READV_MAX 4
+static inline int ss_readv(ss_reader *r, void *const dst[], const uintptr_t src[], const size_t len[], int n) {
+    if (n > SS_READV_MAX) n = SS_READV_MAX;
+    int valid = 0;  /* leading parts with an address that can be asked for */
+    while (valid < n && src[valid] != 0 && len[valid] != 0 && src[valid] + len[valid] > src[valid]) valid++;
+    if (valid == 0) return 0;
+    if (!r->use_pread) {
+        struct iovec local[SS_READV_MAX], remote[SS_READV_MAX];
+        for (int i = 0; i < valid; i++) {
+            local[i].iov_base = dst[i];
+            local[i].iov_len = len[i];
+            remote[i].iov_base = (void *)src[i];
+            remote[i].iov_len = len[i];
+        }
+        r->calls++;
+        ssize_t got = process_vm_readv(r->pid, local, (unsigned long)valid, remote, (unsigned long)valid, 0);
+        if (got >= 0) {
+            int whole = 0;
+            size_t sum = 0;
+            while (whole < valid && sum + len[whole] <= (size_t)got) sum += len[whole++];
+            return whole;
+        }
+        if (errno == EFAULT || errno == ESRCH) return 0;
+        if (errno != EPERM && errno != ENOSYS && errno != EACCES) return 0;
+        /* refused: ss_read switches to /proc/self/mem, one part at a time */
+    }
+    int whole = 0;
+    while (whole < valid && ss_read(r, dst[whole], src[whole], len[whole]) == 0) whole++;
+    return whole;
 }
 
 #endif
