@@ -39,8 +39,10 @@ SWITCHES = 200_000
 # -- in the child ----------------------------------------------------------------------
 def _start(profiler: str) -> Any:
     if profiler.startswith("stackshot-"):
-        import sampler
         engine = profiler.split("-")[1]
+        if engine == "python":  # (the pure-Python path whole: the switch hook's Python twin)
+            os.environ["STACKSHOT_SWITCH_HOOK"] = "python"
+        import sampler
         return sampler.create_sampler(threading.main_thread(), 0.001, engine=engine)
     if profiler == "yappi-greenlet":
         import yappi

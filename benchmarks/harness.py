@@ -89,11 +89,16 @@ def install(venv: str) -> None:
 
 def child_env(engine: Optional[str] = None) -> dict:
     """The environment of every measured process: this checkout first on the path, and
-    ``STACKSHOT_ENGINE`` set to ``engine`` (removed when None)."""
+    ``STACKSHOT_ENGINE`` set to ``engine`` (removed when None). The Python engine's
+    rows run the pure-Python path whole, with the greenlet switch hook's Python twin
+    (``STACKSHOT_SWITCH_HOOK=python``), as where the extension is not built."""
     env = dict(os.environ)
     env.pop("STACKSHOT_ENGINE", None)
+    env.pop("STACKSHOT_SWITCH_HOOK", None)
     if engine:
         env["STACKSHOT_ENGINE"] = engine
+    if engine == "python":
+        env["STACKSHOT_SWITCH_HOOK"] = "python"
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONHASHSEED"] = "0"
     return env

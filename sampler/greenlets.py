@@ -17,7 +17,10 @@ The hook is installed in the thread that creates a sampler tracking threads (gre
 hooks are per thread), chained with the trace function already there, and removed
 when the last sampler using it stops, if it is still the thread's trace function and
 the stop is made in that thread; otherwise it stays, inert, passing events on.
-Overhead: one Python call per switch (see ``scribblings/greenlets.md``).
+Overhead: a C call per switch where the extension is built (:class:`NativeSwitchHook`,
+whose every uncommon case is :class:`SwitchHook`'s Python), a Python call in the
+Python twin; the clock read at each switch is most of it (see
+``scribblings/greenlets.md``).
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ except ImportError:  # pragma: no cover - greenlet is a dependency
 try:
     from ._native import frame_address as _frame_address
     from ._native import note_switching as _note_switching
+    from ._native import SwitchHook as _NativeSwitchHook
 except ImportError:  # the native engine is not built: no addresses needed
     _frame_address = None
     _note_switching = None
+    _NativeSwitchHook = None
 
 _ids = itertools.count(1)
 # id(greenlet) -> its record (a dead greenlet's until pruned: see _prune)
@@ -258,6 +263,36 @@ class SwitchHook:
 
 HOOK_CODE = SwitchHook.__call__.__code__
 
+if _NativeSwitchHook is not None:
+    class NativeSwitchHook(_NativeSwitchHook):  # type: ignore[misc,valid-type]
+        """:class:`SwitchHook` with its common case in C (``sampler/_native/switchhook.h``):
+        a switch to a greenlet whose record is whole, from one that needs nothing
+        learnt, is logged without a Python frame; every other event goes to
+        :meth:`SwitchHook.__call__` (``_slow``), which this class shares, with its
+        attributes, so the two hooks do the same. Measured with two greenlets
+        switching back and forth (``python -m benchmarks.bench_greenlets``): see
+        ``scribblings/greenlets.md``, cost and limits."""
+
+        def __init__(self, previous: Optional[Callable[..., Any]]) -> None:
+            SwitchHook.__init__(self, previous)  # type: ignore[arg-type]
+            self.records = _records
+
+        _first_switch = SwitchHook._first_switch
+        _slow = SwitchHook.__call__
+else:
+    NativeSwitchHook = None  # type: ignore[assignment,misc]
+
+HOOK_ENV_VAR = "STACKSHOT_SWITCH_HOOK"
+"""``python`` makes new hooks the Python twin even where the C one is built (the
+tests run each engine with its own: the Python engine with the Python hook)."""
+
+
+def _hook_class() -> Any:
+    """The class of the hooks made from now on: the C one where it is built."""
+    if NativeSwitchHook is not None and os.environ.get(HOOK_ENV_VAR) != "python":
+        return NativeSwitchHook
+    return SwitchHook
+
 
 def attach() -> Optional[SwitchHook]:
     """Install (or share) the switch hook of the calling thread; ``None`` without
@@ -271,7 +306,7 @@ def attach() -> Optional[SwitchHook]:
         if hook is not None and hook.users and previous is not None:
             hook.users += 1  # another tracer chains ours: keep it
             return hook
-        hook = SwitchHook(previous)
+        hook = _hook_class()(previous)
         hook.current = record_of(_greenlet.getcurrent())
         hook.log.append((perf_counter_ns(), hook.current, thread_time_ns()))
         _learn_base(hook.current, sys._getframe(0))

@@ -51,4 +51,10 @@ def sampler_engine(request, monkeypatch):
             pytest.fail(message + " -- required when STACKSHOT_REQUIRE_NATIVE=1", pytrace=False)
         pytest.skip(message)
     monkeypatch.setenv("STACKSHOT_ENGINE", name)
+    # each engine with its own greenlet switch hook: the Python engine's tests run the
+    # hook's Python twin, the native engine's its C common case (sampler.greenlets)
+    if name == "python":
+        monkeypatch.setenv("STACKSHOT_SWITCH_HOOK", "python")
+    else:
+        monkeypatch.delenv("STACKSHOT_SWITCH_HOOK", raising=False)
     yield name

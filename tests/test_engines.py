@@ -830,10 +830,14 @@ def test_a_walk_of_a_computing_thread_costs_one_read_and_no_look_at_its_state():
     frames = max(len(snaps.stack_frames(sid)) for sid in snaps.sample_stack if sid)
     # (3.10: a read for each frame object, the top one's with the state)
     assert calls <= (1.25 if sys.version_info >= (3, 11) else frames + 0.25) * walks, (calls, walks, frames)
-    # (asked at its first samples, at walks that find it off its core, and for a few
-    # samples after each found it waiting for the GIL: the feeder's turns, the looks
-    # above; 5% of the walks here, all of them before)
-    assert asks <= 8 + 0.2 * walks, (asks, walks)
+    # Asked only at walks that find it off its core (preempted by other work on a
+    # busy machine, or waiting for the GIL: the feeder's turns, the looks above) and
+    # for 8 samples after each that found it asleep: 5% of the walks on a quiet
+    # machine, all of them before. (A bound by the walks alone fails on a loaded one:
+    # 45% of the walks found the worker preempted in one run.)
+    running, asleep = stats["walks_running"], stats["found_asleep"]
+    assert running >= 0.2 * walks, (running, walks)
+    assert asks <= (walks - running) + 8 * (asleep + 1), (asks, walks, running, asleep)
     deep = [sid for sid in snaps.sample_stack
             if sid and [f.name for f in snaps.stack_frames(sid)].count("_descend") == depth + 1]
     assert len(deep) >= 0.9 * sum(1 for sid in snaps.sample_stack if sid), len(deep)

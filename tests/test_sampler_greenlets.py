@@ -1147,3 +1147,95 @@ def test_greenlets_of_a_thread_started_after_the_sampler_get_their_own_shares():
     for name, true in truth.items():
         share, true_share = times[name] / measured, true / total
         assert abs(share - true_share) <= max(0.02, margin), (name, share, true_share, margin, times)
+
+
+def _hook_run(hook_class) -> dict:
+    """Drive a fresh switch hook of ``hook_class`` through switches of every kind
+    (a greenlet's first run, known ones back and forth, a throw, a greenlet made
+    and first switched to by another, its end) with a tracer chained, and say what
+    it did: the greenlets logged in order, each entry's clocks, the events the
+    tracer got, the running greenlet after, what was learnt of each greenlet."""
+    from sampler import greenlets as switches
+
+    events = []
+
+    def tracer(event, args):
+        events.append((event, args[0], args[1]))
+
+    main = greenlet.getcurrent()
+
+    def worker():
+        for _ in range(3):
+            main.switch()
+        try:
+            main.switch()
+        except ValueError:
+            pass
+        helper.switch()
+
+    def helping():
+        main.switch()
+
+    named, helper = greenlet.greenlet(worker), greenlet.greenlet(helping)
+    hook = hook_class(tracer)
+    hook.users = 1
+    hook.current = switches.record_of(main)
+    previous = greenlet.settrace(hook)
+    try:
+        before = (time.perf_counter_ns(), time.thread_time_ns())
+        for _ in range(4):
+            named.switch()
+        named.throw(ValueError)  # (caught; then it switches to the helper, never seen)
+        named.switch()
+        after = (time.perf_counter_ns(), time.thread_time_ns())
+    finally:
+        greenlet.settrace(previous)
+    log = list(hook.log)
+    for wall, _, cpu in log:
+        assert before[0] <= wall <= after[0] and before[1] <= cpu <= after[1]
+    assert [entry[0] for entry in log] == sorted(entry[0] for entry in log)
+    recs = {g: switches.record_of(g) for g in (main, named, helper)}
+    name = {id(rec): g for g, rec in recs.items()}
+    return {"logged": [name.get(id(entry[1])) for entry in log], "slow": getattr(hook, "slow_calls", None),
+            "events": events, "current": name.get(id(hook.current)), "switched": hook.switched,
+            "learnt": {g: (bool(rec.base), rec.named, rec.name) for g, rec in recs.items()},
+            "greenlets": (main, named, helper)}
+
+
+@pytest.mark.engines("native")  # (either engine's hook is the one made explicitly here)
+def test_the_c_switch_hook_does_what_its_python_twin_does():
+    """The switch hook's common case runs in C where the extension is built
+    (sampler/_native/switchhook.h), every other case in the Python hook it shares
+    with its twin. Both, driven through the same switches, log the same greenlets
+    with clocks read at the switch, chain the same events to the tracer before them
+    and learn the same of each greenlet; the C one does it in C for all but the
+    switches that teach it something."""
+    from sampler import greenlets as switches
+
+    if switches.NativeSwitchHook is None:
+        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
+            pytest.fail("the C switch hook is not built (sampler._native)", pytrace=False)
+        pytest.skip("the C switch hook is not built here")
+    runs = {cls: _hook_run(cls) for cls in (switches.SwitchHook, switches.NativeSwitchHook)}
+    python, native = runs[switches.SwitchHook], runs[switches.NativeSwitchHook]
+    slow = native.pop("slow")
+    del python["slow"]
+    for run in runs.values():  # (each run's greenlets as roles, to compare the runs)
+        main, named, helper = run.pop("greenlets")
+        role = {main: "main", named: "worker", helper: "helper", None: None}
+        run["logged"] = [role[g] for g in run["logged"]]
+        run["events"] = [(e, role.get(a, a), role.get(b, b)) for e, a, b in run["events"]]
+        run["current"] = role[run["current"]]
+        run["learnt"] = {role[g]: v[:2] + (v[2].replace(str(id(g)), role[g]),) for g, v in run["learnt"].items()}
+    assert native == python
+    # (the throw resumes the worker, which switches to the helper, which gives way to
+    # the main greenlet; the last switch resumes the worker, which ends: to its parent)
+    assert python["logged"] == ["worker", "main"] * 4 + ["worker", "helper", "main", "worker", "main"], \
+        python["logged"]
+    assert python["current"] == "main" and python["switched"]
+    assert [e for e, _, _ in python["events"]].count("throw") == 1
+    assert all(base for base, _, _ in python["learnt"].values()) or switches._frame_address is None
+    # the Python hook ran only at the switches that taught it something (the thread's
+    # first switch, each greenlet's first run, the first switch away from it), the
+    # rest in C
+    assert 0 < slow <= 5, slow

@@ -22,6 +22,7 @@
 #include "gilholder.h"
 #include "threadwatch.h"
 #include "switching.h"
+#include "switchhook.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -169,6 +170,8 @@ typedef struct {
     /* statistics */
     uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
     uint64_t sleep_asks;       /* reads of a thread's state from /proc (is_asleep) */
+    uint64_t walks_running;    /* walks during which the thread's CPU clock moved */
+    uint64_t found_asleep;     /* walks after which /proc said the thread sleeps */
     /* collector-only scratch (never touched by Python) */
     ss_reader reader;
     ss_entry *frames;
@@ -876,9 +879,11 @@ static void sample_target(Engine *e, ss_target *t) {
      * place seen running, for one sample. */
     int ask = t->has_last && (!moved || t->since_asleep < SS_ASLEEP_MEMORY);
     e->sleep_asks += (uint64_t)ask;
+    e->walks_running += (uint64_t)moved;
     if (ask && is_asleep(t)) {
         flags |= SS_ASLEEP;
         t->since_asleep = 0;
+        e->found_asleep++;
     } else if (t->since_asleep < UINT32_MAX) {
         t->since_asleep++;
     }
@@ -1582,9 +1587,9 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     /* copied under the lock, turned into Python values after it: nothing that may
      * allocate (and so run a collection, and Python code) while the collector waits */
     LOCK(e);
-    unsigned long long n[12] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
+    unsigned long long n[14] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
                                 e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses,
-                                e->reader.calls, e->sleep_asks};
+                                e->reader.calls, e->sleep_asks, e->walks_running, e->found_asleep};
     int running = e->thread_running, short_slice = e->short_slice;
     Py_ssize_t buffer_bytes = (Py_ssize_t)e->active.cap;
     double cpu = e->final_cpu;
@@ -1594,10 +1599,10 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsisisn}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisn}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
         "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
-        "running", running, "short_slice", short_slice,
+        "walks_running", n[12], "found_asleep", n[13], "running", running, "short_slice", short_slice,
         "buffer_bytes", buffer_bytes);
     if (d == NULL) return NULL;
     PyObject *v = PyFloat_FromDouble(cpu);
@@ -1814,7 +1819,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "SHADOW_MAX", SS_SHADOW_MAX);
     PyModule_AddIntConstant(m, "ENTRY_BYTES", sizeof(ss_entry));
     PyModule_AddStringConstant(m, "ENTRY_FORMAT", "=QiI");
-    if (ss_gc_add_type(m) < 0) {
+    if (ss_gc_add_type(m) < 0 || ss_switchhook_add_type(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,0 +1,236 @@
+/* The greenlet switch hook's common case, in C.
+ *
+ * sampler/greenlets.py keeps, per OS thread, a greenlet.settrace hook that tells the
+ * engines which greenlet runs and logs each switch with the clocks. The hook runs at
+ * every switch of a program that may switch hundreds of thousands of times a
+ * second, and a Python hook costs a Python call, its body and three calls from it
+ * on top of the clock it must read. This type does the common case (a switch to a
+ * greenlet the hook knows whole, from one that is known or needs nothing learnt)
+ * without a Python frame, and hands every other case, unchanged, to the Python
+ * hook's method (`_slow`: the Python twin's __call__, sampler.greenlets.SwitchHook),
+ * so both do the same thing by construction: the C one only skips Python where the
+ * Python one would do nothing but look things up.
+ *
+ * The common case, in the order the Python hook does it: the hook is in use
+ * (`users`), the event is "switch" or "throw", the thread has switched before
+ * (`switched`), the target has a record in `records` (id(greenlet) -> record) that
+ * still refers to it, with its outermost frame (`base`) and name (`named`) learnt,
+ * and the greenlet switched from needs no base learnt; then `current` becomes the
+ * record and (perf_counter_ns(), record, thread_time_ns()) is appended to `log`,
+ * both clocks read last, once the hook's work is done (a switch is the switcher's);
+ * then the tracer chained (`previous`) is called. A failure of the hook's own
+ * work is swallowed, as in Python (a profiler's trouble never reaches the program);
+ * the chained tracer's is the program's and propagates.
+ */
+#ifndef STACKSHOT_SWITCHHOOK_H
+#define STACKSHOT_SWITCHHOOK_H
+
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *previous;  /* the tracer chained (None: none) */
+    int users;           /* samplers using the hook (0: inert, passing events on) */
+    PyObject *current;   /* the record of the greenlet running (None: not known) */
+    PyObject *log;       /* a collections.deque of (perf_counter_ns, record, thread_time_ns) */
+    int switched;        /* its thread has switched since the hook was made */
+    PyObject *records;   /* sampler.greenlets._records: id(greenlet) -> record */
+    unsigned long long slow_calls;  /* events handed to the Python hook */
+} ss_switchhook;
+
+static PyObject *ss_str_switch, *ss_str_throw, *ss_str_ref, *ss_str_base, *ss_str_named, *ss_str_slow,
+    *ss_str_append;
+
+/* The object a weak reference names now (a new reference; NULL with no error when it
+ * is dead). */
+static inline PyObject *ss_weak_target(PyObject *ref) {
+    if (!PyWeakref_Check(ref)) return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(ref);
+    if (obj == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (obj == Py_None) return NULL;
+    Py_INCREF(obj);
+    return obj;
+#endif
+}
+
+/* Whether `rec` (a greenlet record) refers to `g`. */
+static inline int ss_record_of_is(PyObject *rec, PyObject *g) {
+    PyObject *ref = PyObject_GetAttr(rec, ss_str_ref);
+    if (ref == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *obj = ss_weak_target(ref);
+    Py_DECREF(ref);
+    Py_XDECREF(obj);
+    return obj == g;
+}
+
+/* The truth of attribute `name` of `obj` (-1: not readable). */
+static inline int ss_attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (truth < 0) PyErr_Clear();
+    return truth;
+}
+
+/* The common case's work, before the tracer chained: 1 when done, 0 when it is not
+ * the common case (the Python hook handles the event), never an error. */
+static int ss_switch_fast(ss_switchhook *h, PyObject *event, PyObject *args) {
+    if (!h->switched || h->records == NULL || !PyDict_Check(h->records) || h->log == NULL) return 0;
+    if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 2) return 0;
+    PyObject *origin = PyTuple_GET_ITEM(args, 0), *target = PyTuple_GET_ITEM(args, 1);
+    PyObject *key = PyLong_FromVoidPtr(target);  /* (id(target)) */
+    if (key == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *rec = PyDict_GetItemWithError(h->records, key);  /* borrowed */
+    Py_DECREF(key);
+    if (rec == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_INCREF(rec);
+    int common = ss_record_of_is(rec, target) && ss_attr_true(rec, ss_str_base) == 1
+                 && ss_attr_true(rec, ss_str_named) == 1;
+    /* (the greenlet switched from, if it has no base yet and is the one recorded:
+     * the Python hook learns its base now) */
+    PyObject *was = h->current;
+    if (common && was != NULL && was != Py_None && ss_attr_true(was, ss_str_base) != 1
+        && ss_record_of_is(was, origin))
+        common = 0;
+    (void)event;
+    if (!common) {
+        Py_DECREF(rec);
+        return 0;
+    }
+    /* (rec kept by a reference of this function's too until it is logged: making
+     * the entry can run a collection, and a finalizer could change `current`) */
+    Py_INCREF(rec);
+    h->current = rec;  /* (the reference taken above) */
+    Py_XDECREF(was);
+    struct timespec wall, cpu;
+    clock_gettime(CLOCK_MONOTONIC, &wall);  /* (time.perf_counter_ns's clock on Linux) */
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);  /* (time.thread_time_ns's) */
+    PyObject *entry = Py_BuildValue("(LOL)", (long long)wall.tv_sec * 1000000000LL + wall.tv_nsec, rec,
+                                    (long long)cpu.tv_sec * 1000000000LL + cpu.tv_nsec);
+    Py_DECREF(rec);  /* (the entry holds it, or it was not made) */
+    if (entry == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    PyObject *log = h->log;
+    Py_XINCREF(log);
+    PyObject *done = log != NULL ? PyObject_CallMethodOneArg(log, ss_str_append, entry) : NULL;
+    Py_XDECREF(log);
+    Py_DECREF(entry);
+    if (done == NULL) PyErr_Clear();
+    Py_XDECREF(done);
+    return 1;
+}
+
+static PyObject *ss_switchhook_call(ss_switchhook *h, PyObject *call_args, PyObject *kwargs) {
+    PyObject *event, *args;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) {
+        PyErr_SetString(PyExc_TypeError, "the switch hook takes (event, args)");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(call_args, "SwitchHook", 2, 2, &event, &args)) return NULL;
+    if (h->users > 0 && PyUnicode_Check(event)
+        && (PyUnicode_Compare(event, ss_str_switch) == 0 || PyUnicode_Compare(event, ss_str_throw) == 0)) {
+        if (!ss_switch_fast(h, event, args)) {
+            h->slow_calls++;
+            return PyObject_CallMethodObjArgs((PyObject *)h, ss_str_slow, event, args, NULL);
+        }
+    }
+    PyObject *previous = h->previous;  /* (kept while it runs: it may replace it) */
+    if (previous == NULL || previous == Py_None) Py_RETURN_NONE;
+    Py_INCREF(previous);
+    PyObject *result = PyObject_Call(previous, call_args, NULL);
+    Py_DECREF(previous);
+    return result;
+}
+
+static int ss_switchhook_traverse(ss_switchhook *h, visitproc visit, void *arg) {
+    Py_VISIT(h->previous);
+    Py_VISIT(h->current);
+    Py_VISIT(h->log);
+    Py_VISIT(h->records);
+    return 0;
+}
+
+static int ss_switchhook_clear(ss_switchhook *h) {
+    Py_CLEAR(h->previous);
+    Py_CLEAR(h->current);
+    Py_CLEAR(h->log);
+    Py_CLEAR(h->records);
+    return 0;
+}
+
+static void ss_switchhook_dealloc(ss_switchhook *h) {
+    PyObject_GC_UnTrack(h);
+    ss_switchhook_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyMemberDef ss_switchhook_members[] = {
+    {"previous", T_OBJECT, offsetof(ss_switchhook, previous), 0, "The tracer chained (None: none)."},
+    {"users", T_INT, offsetof(ss_switchhook, users), 0, "Samplers using the hook."},
+    {"current", T_OBJECT, offsetof(ss_switchhook, current), 0, "The running greenlet's record."},
+    {"log", T_OBJECT, offsetof(ss_switchhook, log), 0, "The switch log (a deque)."},
+    {"switched", T_BOOL, offsetof(ss_switchhook, switched), 0, "Its thread has switched greenlets."},
+    {"records", T_OBJECT, offsetof(ss_switchhook, records), 0, "id(greenlet) -> its record."},
+    {"slow_calls", T_ULONGLONG, offsetof(ss_switchhook, slow_calls), READONLY,
+     "Switches handed to the Python hook (all but the common case)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ss_switchhook_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sampler._native.SwitchHook",
+    .tp_basicsize = sizeof(ss_switchhook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The greenlet switch hook's common case in C (see sampler.greenlets.SwitchHook).",
+    .tp_new = PyType_GenericNew,
+    .tp_call = (ternaryfunc)ss_switchhook_call,
+    .tp_traverse = (traverseproc)ss_switchhook_traverse,
+    .tp_clear = (inquiry)ss_switchhook_clear,
+    .tp_dealloc = (destructor)ss_switchhook_dealloc,
+    .tp_members = ss_switchhook_members,
+};
+
+static int ss_switchhook_add_type(PyObject *m) {
+    if (!(ss_str_switch = PyUnicode_InternFromString("switch")) || !(ss_str_throw = PyUnicode_InternFromString("throw"))
+        || !(ss_str_ref = PyUnicode_InternFromString("ref")) || !(ss_str_base = PyUnicode_InternFromString("base"))
+        || !(ss_str_named = PyUnicode_InternFromString("named"))
+        || !(ss_str_slow = PyUnicode_InternFromString("_slow"))
+        || !(ss_str_append = PyUnicode_InternFromString("append")))
+        return -1;
+    if (PyType_Ready(&ss_switchhook_type) < 0) return -1;
+    Py_INCREF(&ss_switchhook_type);
+    if (PyModule_AddObject(m, "SwitchHook", (PyObject *)&ss_switchhook_type) < 0) {
+        Py_DECREF(&ss_switchhook_type);
+        return -1;
+    }
+    return 0;
+}
+
+#endif
