@@ -794,9 +794,9 @@ def test_a_walk_of_a_computing_thread_costs_one_read_and_no_look_at_its_state():
     its data-stack chunk in one call (3.11+; 3.10 reads each frame object on its
     own), and it asks the kernel whether the thread sleeps (a read of /proc, the
     dearest of them) only while the thread has slept lately. Before, each walk took
-    four reads on 3.11 and a look at /proc, 37 us of the collector's CPU a tick at
-    1 ms at a 50-deep stack (31 us now; a C thread that only wakes on a timer:
-    13-16 us). The stacks read are still whole. (The worker has a core to itself
+    four reads on 3.11 and a look at /proc, 62 us of the collector's CPU a tick at
+    1 ms at a 50-deep stack (54 us now; a C thread that only wakes on a timer:
+    28-29 us, on the AMD host). The stacks read are still whole. (The worker has a core to itself
     and the collector another: woken on the worker's core, it would find the
     worker preempted, by itself, at each tick.)"""
     allowed = os.sched_getaffinity(0)
