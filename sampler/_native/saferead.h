@@ -41,36 +41,14 @@ static inline void ss_reader_close(ss_reader *r) {
     }
 }
 
-/* Copy n bytes at address src into dst. Returns 0 when all n bytes were copied, -1
- * when any of them could not be read (unmapped memory), never faults. */
-static inline int ss_read(ss_reader *r, void *dst, uintptr_t src, size_t n) {
-    if (n == 0) return 0;
-    if (src == 0 || src + n < src) return -1;
-    if (!r->use_pread) {
-        struct iovec local = {dst, n};
-        struct iovec remote = {(void *)src, n};
-        r->calls++;
-        ssize_t got = process_vm_readv(r->pid, &local, 1, &remote, 1, 0);
-        if (got == (ssize_t)n) return 0;
-        if (got >= 0 || errno == EFAULT || errno == ESRCH) return -1;
-        if (errno != EPERM && errno != ENOSYS && errno != EACCES) return -1;
-        r->use_pread = 1;  /* refused: fall through to /proc/self/mem from now on */
-    }
-    if (r->mem_fd < 0) {
-        r->mem_fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
-        if (r->mem_fd < 0) return -1;
-    }
-    r->calls++;
-    ssize_t got = pread(r->mem_fd, dst, n, (off_t)src);
-    return got == (ssize_t)n ? 0 : -1;
-}
-
 /* Copy n ranges in one system call, in order: part i is the len[i] bytes at src[i],
  * into dst[i]. Returns how many leading parts were copied whole (0 to n); the part
- * after them, if any, could not be read, and the parts after that were not tried.
- * The kernel copies the parts one after another, so the first part is read at the
- * earliest moment, as with separate reads in that order, for one system call
- * instead of n (each costs 1-3 us on these VMs). At most SS_READV_MAX parts. */
+ * after them, if any, could not be read (unmapped memory: never a fault), and the
+ * parts after that were not tried. The kernel copies the parts one after another, so
+ * the first part is read at the earliest moment, as with separate reads in that
+ * order, for one system call instead of n (each costs 1-3 us on these VMs). At most
+ * SS_READV_MAX parts. Where process_vm_readv is refused, /proc/self/mem is read
+ * instead, a part at a time, from then on. */
 #define SS_READV_MAX 4
 static inline int ss_readv(ss_reader *r, void *const dst[], const uintptr_t src[], const size_t len[], int n) {
     if (n > SS_READV_MAX) n = SS_READV_MAX;
@@ -93,13 +71,27 @@ static inline int ss_readv(ss_reader *r, void *const dst[], const uintptr_t src[
             while (whole < valid && sum + len[whole] <= (size_t)got) sum += len[whole++];
             return whole;
         }
-        if (errno == EFAULT || errno == ESRCH) return 0;
-        if (errno != EPERM && errno != ENOSYS && errno != EACCES) return 0;
-        /* refused: ss_read switches to /proc/self/mem, one part at a time */
+        if (errno != EPERM && errno != ENOSYS && errno != EACCES) return 0;  /* (EFAULT, ESRCH: unreadable) */
+        r->use_pread = 1;  /* refused: fall through to /proc/self/mem from now on */
+    }
+    if (r->mem_fd < 0) {
+        r->mem_fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+        if (r->mem_fd < 0) return 0;
     }
     int whole = 0;
-    while (whole < valid && ss_read(r, dst[whole], src[whole], len[whole]) == 0) whole++;
+    while (whole < valid) {
+        r->calls++;
+        if (pread(r->mem_fd, dst[whole], len[whole], (off_t)src[whole]) != (ssize_t)len[whole]) break;
+        whole++;
+    }
     return whole;
+}
+
+/* Copy n bytes at address src into dst. Returns 0 when all n bytes were copied, -1
+ * when any of them could not be read (unmapped memory), never faults. */
+static inline int ss_read(ss_reader *r, void *dst, uintptr_t src, size_t n) {
+    if (n == 0) return 0;
+    return ss_readv(r, &dst, &src, &n, 1) == 1 ? 0 : -1;
 }
 
 #endif
