@@ -512,6 +512,17 @@ def _sampler_away_from(core: int, target):
         os.sched_setaffinity(0, allowed)
 
 
+def _started_on(core: int, fn, *args) -> threading.Thread:
+    """A thread started running ``fn(*args)`` on ``core`` alone."""
+    def work() -> None:
+        os.sched_setaffinity(0, {core})  # this thread only
+        fn(*args)
+
+    t = threading.Thread(target=work)
+    t.start()
+    return t
+
+
 def _flags_inside_calls(call, where: str, times: int = 3) -> list:
     """Run ``call`` ``times`` in a thread that shares its one core with a busy
     process (so that it is often found preempted), sampled by the native engine at
@@ -805,13 +816,7 @@ def test_a_walk_of_a_computing_thread_costs_one_read_and_no_look_at_its_state():
     core = min(allowed)
     depth = 40
     done = threading.Event()
-
-    def work() -> None:
-        os.sched_setaffinity(0, {core})
-        _descend(depth, done)
-
-    t = threading.Thread(target=work)
-    t.start()
+    t = _started_on(core, _descend, depth, done)
     try:
         ctl = _sampler_away_from(core, t)
         engine = ctl._collector._engine
@@ -1246,3 +1251,75 @@ def test_a_call_preempted_while_it_computes_without_the_gil_is_charged_its_cpu()
     share = charged["hash_part"] / max(sum(charged.values()), 1e-9)
     assert result["samples"] > 200, result
     assert abs(share - truth) < 0.06, f"hash part charged {share:.2f} of the CPU for {truth:.2f}: {result}"
+
+
+_STOPPER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.ptrace.restype = ctypes.c_long
+SEIZE, INTERRUPT, CONT, DETACH, WALL = 0x4206, 0x4207, 7, 17, 0x40000000
+tid, stops = int(sys.argv[1]), int(sys.argv[2])
+if libc.ptrace(SEIZE, tid, None, None) != 0:
+    print(os.strerror(ctypes.get_errno()))
+    sys.exit(3)
+for i in range(stops + 1):
+    libc.ptrace(INTERRUPT, tid, None, None)
+    os.waitpid(tid, WALL)
+    if i == stops:
+        break
+    time.sleep(0.002)
+    libc.ptrace(CONT, tid, None, None)
+    time.sleep(0.001)
+libc.ptrace(DETACH, tid, None, None)
+print("done")
+"""
+
+
+def _computing(stop: threading.Event, ready: threading.Event) -> None:
+    ready.set()
+    x = 0
+    while not stop.is_set():
+        for _ in range(10_000):
+            x += 1
+
+
+@pytest.mark.engines("native")
+def test_a_thread_stopped_by_a_tracer_is_computing_where_it_was_stopped():
+    """A tracer (py-spy, a debugger) stops a thread where it computes, wherever that
+    is: found so (``t`` in /proc), it is preempted there, not asleep, and its CPU
+    since its last sample stays where it was found. (Counted asleep, with py-spy
+    stopping a process 1,000 times a second, one sample in nine was, and nbody's
+    hottest function came out 3 points under py-spy's share of the same process.)
+    A child process stops the computing thread with ptrace for 2 ms of every 3."""
+    from sampler.native_engine import ASLEEP as asleep, ONCPU as oncpu, PREEMPTED as preempted
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("needs two cores: one for the thread, one for the collector")
+    core = min(allowed)
+    libc = __import__("ctypes").CDLL(None, use_errno=True)
+    libc.prctl(0x59616D61, -1, 0, 0, 0)  # PR_SET_PTRACER_ANY: Yama lets a child trace us
+    stop, ready = threading.Event(), threading.Event()
+    t = _started_on(core, _computing, stop, ready)
+    try:
+        ready.wait()
+        ctl = _sampler_away_from(core, t)
+        collector = ctl._collector
+        drained: list = []
+        file = collector._file
+        collector._file = lambda samples, codes: (drained.extend(samples), file(samples, codes))
+        stopper = subprocess.run([sys.executable, "-c", _STOPPER, str(t.native_id), "300"],
+                                 capture_output=True, text=True, timeout=60)
+        ctl.stop()
+    finally:
+        stop.set()
+        t.join()
+    if stopper.returncode == 3:
+        pytest.skip(f"ptrace is refused here: {stopper.stdout.strip()}")
+    assert stopper.returncode == 0 and stopper.stdout.strip() == "done", stopper.stdout + stopper.stderr
+    off_core = [flags for _, flags, *_, raw, _ in drained if raw is not None and not flags & oncpu]
+    assert len(off_core) >= 50, len(off_core)  # (~600 ticks fall in a stop)
+    found_asleep = [f for f in off_core if f & asleep]
+    # (the feeder's turns with the GIL park the thread for real now and then)
+    assert len(found_asleep) <= 0.1 * len(off_core), (len(found_asleep), len(off_core))
+    assert sum(1 for f in off_core if f & preempted) >= 0.8 * len(off_core), off_core
