@@ -109,6 +109,11 @@ GC_NAME = "<gc>"
 GC_FILE = "<gc>"
 
 
+STACKS_KEPT = 8
+"""Distinct stacks a hook gives one tuple each until its next ``take()`` (the C
+hook's ``SS_GC_MEMO``)."""
+
+
 def native_gc_hook() -> bool:
     """Whether the C hook (``sampler._native.GCHook``) is built here."""
     return _GCHook is not None
@@ -163,6 +168,7 @@ class GCWatch:
         self._active = False
         self._open: Optional[tuple] = None
         self._last_wall = [-1.0] * 3  # per generation, seconds; -1: none yet
+        self._stacks: list[tuple] = []  # the last stacks, until the next take()
         self._hook = self._callback
 
     @property
@@ -249,7 +255,18 @@ class GCWatch:
             gen = min(max(info.get("generation", 0), 0), 2)
             last = self._last_wall[gen]
             cpu0 = _cpu() if last < 0 or last >= CPU_CLOCK_ABOVE_US / 1e6 else None
-            self._open = (self._ident(), tuple(stack), gen, cpu0, _perf(), base)
+            frames = tuple(stack)
+            # one tuple for a stack met again, up to the next take() (see gchook.h)
+            kept = self._stacks
+            for seen in kept:
+                if seen == frames:
+                    frames = seen
+                    break
+            else:
+                if len(kept) >= STACKS_KEPT:
+                    kept.pop(0)
+                kept.append(frames)
+            self._open = (self._ident(), frames, gen, cpu0, _perf(), base)
             return
         opened = self._open
         self._open = None
@@ -281,6 +298,7 @@ class GCWatch:
         threshold at 1."""
         if self._c is not None:
             return self._c.take(until_us)
+        self._stacks = []  # (their code objects are not kept past a take)
         out = []
         events = self.events
         for _ in range(len(events)):

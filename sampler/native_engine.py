@@ -707,7 +707,10 @@ class NativeCollector(Steering):
                 # it ended, so it is in this drain's buffer or was filed before.
                 ended = retirements()
                 ticks = self._engine.stats()["ticks"] if hold is not None and self.paused else None
-                self._file(*self._engine.drain())
+                try:
+                    self._file(*self._engine.drain())
+                finally:
+                    self.recorder.forget_collection_stacks()
                 if hold is not None:
                     if ticks is not None:
                         now = retirements()

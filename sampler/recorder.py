@@ -56,6 +56,9 @@ def _stack_shape(stack: Sequence) -> tuple:
     return (len(stack), id(code), lasti)
 
 
+MAX_COLLECTION_STACKS = 64
+"""Collections' stacks :meth:`Recorder.collection_stack` keeps, at most."""
+
 GREENLETS_KEY = "greenlets"
 GREENLET_SPAWNS_KEY = "greenlet_spawns"
 """In a run's ``extra``: ``{context id: [[name, file, first line, line], ...]}``, the
@@ -150,6 +153,10 @@ class Recorder:
         self.stack_frame = self._trie.stack_frame
         self.stack_parent = self._trie.stack_parent
         self._codes: dict[int, _CodeFrames] = {}  # id(code) -> its frames, while it lives
+        # id(stack) -> (stack, its stack id): collections' stacks interned since
+        # forget_collection_stacks (see collection_stack)
+        self._collection_stacks: dict[int, tuple[Sequence, int]] = {}
+        self._gc_frame_ids: dict[int, int] = {}  # generation -> the <gc> frame's id
         self._mark_ids: dict[tuple, int] = {(): 0}
         self._mark_sets: list[tuple] = [()]
         # contexts and samples
@@ -726,6 +733,7 @@ class Recorder:
         (a tick calls it once it has read the CPU clocks, see :meth:`record_tick`)."""
         if gc_watch is not None and gc_watch.pending:
             self.record_gc(gc_watch.take())
+            self.forget_collection_stacks()
 
     def record_gc(self, events: list, cpu_now_us: Optional[int] = None) -> None:
         """File collections (events of :class:`sampler.gctime.GCWatch`, oldest first),
@@ -789,19 +797,40 @@ class Recorder:
                 # the greenlet that ran into the collections (none runs Python during one)
                 running = greenlet_at(logs[ident], int((self.start * 1e6 + began_us) * 1000),
                                       base) if logs[ident] else None
-                sid = trie.stack_id(self.collection_stack(stack), trie.frame_id(gc_frame(generation)))
+                fid = self._gc_frame_ids.get(generation)
+                if fid is None:
+                    fid = self._gc_frame_ids[generation] = trie.frame_id(gc_frame(generation))
+                sid = trie.stack_id(self.collection_stack(stack), fid)
                 self.gc_cpu[generation] = self.gc_cpu.get(generation, 0) + cpu_us
                 self.gc_wall[generation] = self.gc_wall.get(generation, 0) + wall_us
                 self.append_sample(ctx, sid, last.wall_us + wall_us, last.cpu_us + cpu_us, 0, running,
                                    collection=True)
 
-    def collection_stack(self, stack: list) -> int:
+    def collection_stack(self, stack: Sequence) -> int:
         """The stack that triggered a collection (its event's ``(code, offset)``
-        pairs, innermost first), interned."""
+        pairs, innermost first), interned.
+
+        A stack met again as the same object is not walked again: the GC hooks give
+        the events of one ``take()`` with the same frames one tuple (a program
+        making cyclic garbage triggers most of its collections at a few lines).
+        Kept until :meth:`forget_collection_stacks`, which whoever files a take's
+        events calls when done: a stack kept holds its code objects, which the
+        recorder otherwise never keeps (at most ``MAX_COLLECTION_STACKS`` are)."""
+        memo = self._collection_stacks
+        hit = memo.get(id(stack))
+        if hit is not None and hit[0] is stack:
+            return hit[1]
         sid = 0
         for code, lasti in reversed(stack):
             sid = self._child(sid, code, lasti)
+        if len(memo) >= MAX_COLLECTION_STACKS:
+            memo.clear()
+        memo[id(stack)] = (stack, sid)
         return sid
+
+    def forget_collection_stacks(self) -> None:
+        """Let go of the collections' stacks :meth:`collection_stack` keeps."""
+        self._collection_stacks.clear()
 
     @staticmethod
     def _cpu_now(ctx: _Context) -> Optional[int]:

@@ -307,6 +307,60 @@ def test_hook_events_match_a_users_own_callback(native):
         assert len(stack) >= 2 and all(isinstance(lasti, int) and lasti >= 0 for _, lasti in stack)
 
 
+def _collect_at_two_lines(n: int) -> None:
+    for _ in range(n):
+        gc.collect(0)
+        gc.collect(0)
+
+
+def _stacks_taken(watch: GCWatch, n: int) -> list:
+    """The stacks of this thread's collections at two lines, n times each, as one
+    take() of ``watch`` gives them."""
+    me = threading.get_ident()
+    watch.install()
+    try:
+        _collect_at_two_lines(n)
+    finally:
+        watch.remove()
+    return [e[1] for e in watch.take() if e[0] == me]
+
+
+@pytest.mark.parametrize("native", HOOKS)
+def test_the_events_of_one_take_share_a_tuple_per_stack_and_the_recorder_walks_it_once(native):
+    """Collections triggered from the same frames (the same code objects at the same
+    offsets) come out of one take() with one stack tuple, a stack at another line
+    with another; the recorder interns each such tuple once, to the same stack id as
+    a fresh copy of its frames, and lets go of them when told (a kept stack holds
+    its code objects). The next take() builds its own tuples."""
+    from sampler.recorder import Recorder
+
+    watch = _watch(native)
+    stacks = _stacks_taken(watch, 10)
+    assert len(stacks) == 20
+    # (3.11 moves a line's offset once it specializes the call: a stack of its own)
+    distinct = []
+    for x in stacks:
+        if not any(x == d for d in distinct):
+            distinct.append(x)
+    assert 2 <= len(distinct) <= 4
+    for d in distinct:  # one tuple for each
+        assert len({id(x) for x in stacks if x == d}) == 1
+    first, second = stacks[0], stacks[1]
+    assert first[1:] == second[1:] and first[0] != second[0]
+    recorder = Recorder((), watch.start)
+    walked = []
+    child = recorder._child
+    recorder._child = lambda *args: (walked.append(args), child(*args))[1]
+    sids = [recorder.collection_stack(x) for x in stacks]
+    assert len(walked) == sum(len(d) for d in distinct)  # each tuple walked once
+    assert sids[0] != sids[1] and recorder.collection_stack(tuple(first)) == sids[0]
+    recorder.forget_collection_stacks()
+    assert recorder._collection_stacks == {}
+    again = _stacks_taken(watch, 1)
+    assert len(again) == 2 and again[1][0] == stacks[-1][0]
+    assert not [a for a in again for x in stacks if a is x]
+
+
 @pytest.mark.parametrize("native", HOOKS)
 def test_the_collection_under_way_is_known_inside_it_and_not_after_a_pause(native):
     """``opened`` (what the engines hold a thread's samples by) names the thread and
@@ -350,12 +404,15 @@ def test_taking_the_events_ends_when_a_collection_follows_every_allocation(nativ
     there when it began, and the rest waits for the next take. (The Python twin
     allocates no tracked object per event, but it too took until none was left:
     in a full test run its feeder was found inside it, with the process at 17 GB,
-    while a test held the threshold at 1 and that thread logged events.)"""
+    while a test held the threshold at 1 and that thread logged events.) Each
+    collection here comes from a stack of its own depth: take() gives the events of
+    one stack one tuple, and allocates for each stack only."""
     watch = _watch(native)
     watch.install()
     thresholds = gc.get_threshold()
     try:
-        _collect_here(10)
+        for depth in range(1, 11):
+            _deep(depth, lambda: _collect_here(1))
         gc.set_threshold(1)
         try:
             taken = watch.take()

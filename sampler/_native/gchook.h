@@ -41,6 +41,14 @@ typedef struct {
     int32_t lasti;
 } ss_gc_frame;
 
+#define SS_GC_MEMO 8  /* stacks take() remembers (a collection's stack mostly repeats) */
+
+typedef struct {
+    PyObject *stack;  /* a tuple take() returned (strong: it keeps the codes alive), or NULL */
+    uint64_t hash;    /* of its frames (ss_gc_frames_hash) */
+    uint32_t depth;
+} ss_gc_stack_memo;
+
 typedef struct {
     unsigned long ident;
     int generation;
@@ -72,6 +80,12 @@ typedef struct {
     uint32_t open_depth;
     uint64_t open_base;
     int64_t last_wall[SS_GC_GENERATIONS];  /* -1: none yet (measure the first) */
+    /* take(): the stacks it built last, each given again (the same tuple) to a later
+     * event of the same take() whose frames are the same: the recorder interns a
+     * stack once per tuple, not once per collection (sampler/recorder.py,
+     * collection_stack). Emptied as take() returns: no code object is kept past it. */
+    ss_gc_stack_memo memo[SS_GC_MEMO];
+    unsigned memo_next;
 } GCHook;
 
 static PyObject *ss_gc_generation_key;  /* interned "generation" */
@@ -244,6 +258,52 @@ static int GCHook_init(GCHook *h, PyObject *args, PyObject *kw) {
     return 0;
 }
 
+static uint64_t ss_gc_frames_hash(const GCHook *h, const ss_gc_event *ev) {
+    uint64_t x = 1469598103934665603ULL;
+    for (uint32_t i = 0; i < ev->depth; i++) {
+        const ss_gc_frame *slot = &h->frames[(ev->first + i) & (h->n_frames - 1)];
+        x = (x ^ (uint64_t)(uintptr_t)slot->code) * 1099511628211ULL;
+        x = (x ^ (uint64_t)(uint32_t)slot->lasti) * 1099511628211ULL;
+    }
+    return x;
+}
+
+/* The tuple take() gave an earlier event with the very frames of ev (the same code
+ * objects, by address, at the same offsets), new reference; NULL if none. The
+ * memo's tuples hold their codes, so an address in one is that code's still. */
+static PyObject *ss_gc_memo_find(GCHook *h, const ss_gc_event *ev, uint64_t hash) {
+    for (unsigned m = 0; m < SS_GC_MEMO; m++) {
+        ss_gc_stack_memo *e = &h->memo[m];
+        if (e->stack == NULL || e->hash != hash || e->depth != ev->depth) continue;
+        uint32_t i = 0;
+        for (; i < ev->depth; i++) {
+            const ss_gc_frame *slot = &h->frames[(ev->first + i) & (h->n_frames - 1)];
+            PyObject *pair = PyTuple_GET_ITEM(e->stack, i);
+            if (PyTuple_GET_ITEM(pair, 0) != slot->code) break;
+            long lasti = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+            if (lasti != (long)slot->lasti) break;
+        }
+        if (i == ev->depth) {
+            Py_INCREF(e->stack);
+            return e->stack;
+        }
+    }
+    PyErr_Clear();  /* (PyLong_AsLong of a small int never fails) */
+    return NULL;
+}
+
+static void ss_gc_memo_keep(GCHook *h, PyObject *stack, uint64_t hash, uint32_t depth) {
+    ss_gc_stack_memo *e = &h->memo[h->memo_next++ % SS_GC_MEMO];
+    Py_INCREF(stack);
+    Py_XSETREF(e->stack, stack);
+    e->hash = hash;
+    e->depth = depth;
+}
+
+static void ss_gc_memo_clear(GCHook *h) {
+    for (unsigned m = 0; m < SS_GC_MEMO; m++) Py_CLEAR(h->memo[m].stack);
+}
+
 /* take(until_us=None) -> [(ident, ((code, lasti), ...), generation, end_us, wall_us,
  * cpu_us, base), ...]: the events that ended at or before until_us, oldest first.
  * No more than were committed when it began: each event taken allocates, and where
@@ -268,16 +328,21 @@ static PyObject *GCHook_take(GCHook *h, PyObject *const *args, Py_ssize_t nargs)
         ss_gc_event *ev = &h->events[h->ev_tail & (h->n_events - 1)];
         int64_t end_us = ev->end_ns / 1000;
         if (end_us > until) break;
-        PyObject *stack = PyTuple_New(ev->depth);
-        if (stack == NULL) goto fail;
-        for (uint32_t i = 0; i < ev->depth; i++) {
-            ss_gc_frame *slot = &h->frames[(ev->first + i) & (h->n_frames - 1)];
-            PyObject *pair = Py_BuildValue("(Oi)", slot->code, (int)slot->lasti);
-            if (pair == NULL) {
-                Py_DECREF(stack);
-                goto fail;
+        uint64_t hash = ss_gc_frames_hash(h, ev);
+        PyObject *stack = ss_gc_memo_find(h, ev, hash);
+        if (stack == NULL) {
+            stack = PyTuple_New(ev->depth);
+            if (stack == NULL) goto fail;
+            for (uint32_t i = 0; i < ev->depth; i++) {
+                ss_gc_frame *slot = &h->frames[(ev->first + i) & (h->n_frames - 1)];
+                PyObject *pair = Py_BuildValue("(Oi)", slot->code, (int)slot->lasti);
+                if (pair == NULL) {
+                    Py_DECREF(stack);
+                    goto fail;
+                }
+                PyTuple_SET_ITEM(stack, i, pair);
             }
-            PyTuple_SET_ITEM(stack, i, pair);
+            ss_gc_memo_keep(h, stack, hash, ev->depth);
         }
         PyObject *item = Py_BuildValue("(kNiLLLK)", ev->ident, stack, ev->generation, (long long)end_us,
                                        (long long)(ev->wall_ns / 1000), (long long)(ev->cpu_ns / 1000),
@@ -292,8 +357,10 @@ static PyObject *GCHook_take(GCHook *h, PyObject *const *args, Py_ssize_t nargs)
         h->fr_tail = ev->first + ev->depth;
         h->ev_tail++;
     }
+    ss_gc_memo_clear(h);
     return out;
 fail:
+    ss_gc_memo_clear(h);
     Py_DECREF(out);
     return NULL;
 }
