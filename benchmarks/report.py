@@ -120,10 +120,15 @@ def render_markdown(result: dict) -> str:
               "profiler's run time over the no-profiler run just before it (range in brackets). "
               "*Error* is the largest difference, in percentage points, between a part's share of the "
               "time as profiled and as measured in the no-profiler runs (the truth). Where no truth is "
-              "known (`deep`), *TVD* is the total variation distance of self time by function from "
-              "py-spy at 1000 Hz, in points, judged against py-spy's own TVD at the row's sampling rate "
-              "(a 5 ms row: py-spy-200's, as it has a fifth of the samples; a 1 ms row: py-spy-1000's "
-              "from run to run). stackshot weighs samples by thread CPU time; its headline "
+              "known (`deep`, the pure-Python kernels), *TVD* is the total variation distance of self "
+              "time by function from py-spy at 1000 Hz, in points. stackshot's rows there are judged "
+              "as against a truth, on runs that py-spy-1000 recorded too, from outside, in the same "
+              "processes: each function's share against py-spy's of the same process, the mean over "
+              "runs beyond two standard errors (a program's own split moves from process to process "
+              "by more than the target). Without such runs, the TVD across processes is judged "
+              "against py-spy's own at the row's sampling rate (a 5 ms row: py-spy-200's, as it has a "
+              "fifth of the samples; a 1 ms row: py-spy-1000's from run to run). stackshot weighs "
+              "samples by thread CPU time; its headline "
               "rows use the analyzer's default interval rule for snapshots"
               + _default_rules(result) + ", and the other rule is shown beside it.", ""]
 
@@ -480,6 +485,25 @@ def _issue9_sections(result: dict) -> list[str]:
             rows.append([f"`{w}`", _fmt(ws.get("reference_noise", {}).get("median_pair_tvd"), ".1f")]
                         + [_fmt(ws["accuracy"].get(c, {}).get("tvd_vs_reference"), ".1f") for c in labels])
         lines += _table(["workload", "py-spy vs py-spy"] + labels, rows)
+        beside = [c for c in labels if any(s[w]["accuracy"].get(c, {}).get("beside_reference") for w in tvd_w)]
+        if beside:
+            lines += ["", "The same rows beside py-spy-1000 recording the same processes: the median TVD "
+                      "of self time from it, run by run, and the largest bias of one function (the mean "
+                      "over runs of its share's difference, ± two standard errors).", ""]
+            rows = []
+            for w in tvd_w:
+                cells = []
+                for c in beside:
+                    b = s[w]["accuracy"].get(c, {}).get("beside_reference")
+                    bias = b and b.get("bias")
+                    if not bias:
+                        cells.append("–")
+                        continue
+                    se = bias["parts"][bias["part"]][1]
+                    cells.append(f"{b['tvd']:.1f}; {bias['points']:.1f}"
+                                 + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)")
+                rows.append([f"`{w}`"] + cells)
+            lines += _table(["workload"] + beside, rows)
     return lines
 
 
