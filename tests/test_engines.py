@@ -1297,8 +1297,10 @@ def test_a_thread_stopped_by_a_tracer_is_computing_where_it_was_stopped():
     if len(allowed) < 2:
         pytest.skip("needs two cores: one for the thread, one for the collector")
     core = min(allowed)
-    libc = __import__("ctypes").CDLL(None, use_errno=True)
-    libc.prctl(0x59616D61, -1, 0, 0, 0)  # PR_SET_PTRACER_ANY: Yama lets a child trace us
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # PR_SET_PTRACER, PR_SET_PTRACER_ANY: Yama lets a child trace us (no effect without Yama)
+    libc.prctl(0x59616D61, ctypes.c_ulong(2**64 - 1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
     stop, ready = threading.Event(), threading.Event()
     t = _started_on(core, _computing, stop, ready)
     try:
