@@ -157,6 +157,13 @@ def share_bias(profiled: Sequence[Mapping[str, float]], truth: Sequence[Mapping[
     return out
 
 
+def bias_text(bias: dict) -> str:
+    """``1.2 ± 0.8 (`part`)``: a :func:`share_bias` with two standard errors, its
+    part named (no standard error: the figure alone)."""
+    se = bias["parts"][bias["part"]][1]
+    return f"{bias['points']:.1f}" + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)"
+
+
 def within_limit(bias: Optional[dict], limit: float, z: float = 2.0) -> Optional[bool]:
     """Whether ``bias`` (:func:`share_bias`) is within ``limit`` points beyond its noise:
     True when every part's difference is, even ``z`` standard errors out; False when

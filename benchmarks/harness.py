@@ -901,10 +901,7 @@ def _slowdown_text(est: Optional[dict], z: float = 2.0) -> str:
 
 def _bias_text(what: str, bias: Optional[dict]) -> str:
     """``what: 1.2 ± 0.8 (part)``: a bias with two standard errors, its part named."""
-    if bias is None:
-        return ""
-    se = bias["parts"][bias["part"]][1]
-    return f"{what}: {bias['points']:.1f}" + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)"
+    return f"{what}: {attribution.bias_text(bias)}" if bias is not None else ""
 
 
 def issue9_verdicts(checks: list[dict]) -> list[dict]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from .attribution import bias_text
+
 
 def _fmt(x: Optional[float], spec: str, suffix: str = "", none: str = "–") -> str:
     return none if x is None else f"{x:{spec}}{suffix}"
@@ -495,13 +497,7 @@ def _issue9_sections(result: dict) -> list[str]:
                 cells = []
                 for c in beside:
                     b = s[w]["accuracy"].get(c, {}).get("beside_reference")
-                    bias = b and b.get("bias")
-                    if not bias:
-                        cells.append("–")
-                        continue
-                    se = bias["parts"][bias["part"]][1]
-                    cells.append(f"{b['tvd']:.1f}; {bias['points']:.1f}"
-                                 + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)")
+                    cells.append(f"{b['tvd']:.1f}; {bias_text(b['bias'])}" if b and b.get("bias") else "–")
                 rows.append([f"`{w}`"] + cells)
             lines += _table(["workload"] + beside, rows)
     return lines

@@ -547,16 +547,14 @@ def _flags_inside_calls(call, where: str, times: int = 3) -> list:
     go = threading.Event()
     spans = []  # the thread's CPU clock (ns) around each call
 
-    def work() -> None:
-        os.sched_setaffinity(0, {core})  # this thread only
+    def calls() -> None:
         go.wait()
         for _ in range(times):
             before = time.thread_time_ns()
             call()
             spans.append((before, time.thread_time_ns()))
 
-    t = threading.Thread(target=work)
-    t.start()
+    t = _started_on(core, calls)
     try:
         ctl = _sampler_away_from(core, t)
         collector = ctl._collector
