@@ -13,8 +13,10 @@ Two engines sit behind one interface (the collector interface of
     that thread lets go of the GIL.
 
 The default is ``'native'`` where the extension was built (CPython 3.10-3.13 on
-Linux, with a C compiler at install time), else ``'python'``, with a warning saying
-why. ``create_sampler(..., engine=...)`` or the environment variable
+Linux, with a C compiler at install time) and the process may read its own memory
+through the kernel (``process_vm_readv``, else ``/proc/self/mem``: a seccomp profile
+can refuse both, and the collector then could read no frame), else ``'python'``,
+with a warning saying why. ``create_sampler(..., engine=...)`` or the environment variable
 ``STACKSHOT_ENGINE`` choose explicitly.
 """
 
@@ -41,11 +43,34 @@ except ImportError as exc:  # not built here: say why when it matters
     )
 
 _warned = False
+_reads: list[tuple[Optional[str], str]] = []  # the probe's answer, asked once per process
+
+
+def read_via() -> Optional[str]:
+    """How the native engine reads this process's memory here: ``'process_vm_readv'``,
+    ``'/proc/self/mem'`` (where the system call is refused), or ``None`` (neither
+    works, or the extension is not built)."""
+    if _native is None:
+        return None
+    if not _reads:
+        _reads.append(_native.read_probe())
+    return _reads[0][0]
+
+
+def native_unavailable() -> Optional[str]:
+    """Why the native engine cannot run in this process, or ``None`` if it can."""
+    if NATIVE_UNAVAILABLE is not None:
+        return NATIVE_UNAVAILABLE
+    if read_via() is None:
+        return (f"this process may not read its own memory through the kernel ({_reads[0][1]}), "
+                "which is how the collector reads frames without crashing on freed ones "
+                "(refused by a seccomp profile, or /proc is not mounted)")
+    return None
 
 
 def native_available() -> bool:
     """Whether the native engine can run in this process."""
-    return NATIVE_UNAVAILABLE is None
+    return native_unavailable() is None
 
 
 def choose(engine: Optional[str]) -> str:
@@ -65,9 +90,10 @@ def choose(engine: Optional[str]) -> str:
         return engine
     if native_available():
         return "native"
+    why = native_unavailable()
     if engine == "native" and explicit:
-        raise RuntimeError(f"engine='native' is not available: {NATIVE_UNAVAILABLE}")
+        raise RuntimeError(f"engine='native' is not available: {why}")
     if not _warned:
         _warned = True
-        warnings.warn(f"stackshot uses its Python engine: {NATIVE_UNAVAILABLE}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"stackshot uses its Python engine: {why}", RuntimeWarning, stacklevel=3)
     return "python"

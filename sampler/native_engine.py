@@ -498,6 +498,9 @@ class NativeCollector(Steering):
             # whether the kernel gave the collector its short slice (the rate with
             # busy threads depends on it: scribblings/sampler.md)
             "short_slice": bool(stats.get("short_slice", 0)),
+            # how the collector read this process's memory ("process_vm_readv", or
+            # "/proc/self/mem" where a seccomp profile refuses the system call)
+            "read_via": stats.get("read_via", ""),
         }
 
     @property

@@ -6,8 +6,10 @@ threads starting and exiting at about 1 kHz, recursion oscillating thousands of 
 deep, generators and coroutines suspending and resuming, exceptions unwinding, greenlet
 switches, code made and freed, fork, signals, interpreter exit. It prints ``ok`` and a
 figure, and exits 0; a crash, a hang or a wrong figure is a failure.
-``tests/test_native_stress.py`` runs each one on each engine; ``.ci/sanitize`` runs
-them all under AddressSanitizer.
+``tests/test_native_stress.py`` runs each one on each engine, and on the native engine
+again with ``STRESS_REFUSE=process_vm_readv``: the process refuses itself that system
+call first, as some seccomp profiles do, and the engine reads through /proc/self/mem.
+``.ci/sanitize`` runs them all under AddressSanitizer.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import time
 import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if os.environ.get("STRESS_REFUSE"):  # a seccomp profile's refusals, from the start
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import seccomp_helpers  # noqa: E402
+
+    seccomp_helpers.refuse(*os.environ["STRESS_REFUSE"].split(","))
 
 import greenlet  # noqa: E402
 
@@ -55,6 +63,8 @@ def _check(snaps: sampler.Snapshots, at_least: int = 1) -> int:
     n = len(snaps)
     assert n >= at_least, f"only {n} samples"
     assert not snaps.runs[-1].errors, snaps.runs[-1].errors
+    if os.environ.get("STRESS_REFUSE") and snaps.runs[-1].engine == "native":
+        assert snaps.runs[-1].extra.get("read_via") == "/proc/self/mem", snaps.runs[-1].extra
     return n
 
 

@@ -1190,6 +1190,13 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_RuntimeError, "an Engine is initialised once");
         return -1;
     }
+    int vm_errno, mem_errno;
+    int way = ss_read_probe(&vm_errno, &mem_errno);
+    if (way == SS_READ_NONE) {  /* (sampler.engines says so before a sampler is made) */
+        PyErr_Format(PyExc_OSError, "this process cannot read its own memory: process_vm_readv: %s; "
+                     "/proc/self/mem: %s", strerror(vm_errno), strerror(mem_errno));
+        return -1;
+    }
     e->delay_ns = (int64_t)(delay * 1e9);
     e->want_marks = marks;
     e->feeder_due_ns = INT64_MAX;
@@ -1218,6 +1225,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->epoch = 1;
     e->interp = PyInterpreterState_Get();
     ss_reader_init(&e->reader);
+    ss_reader_use(&e->reader, way);
     if (init_sync(e) != 0) {
         free_buffers(e);
         PyErr_SetString(PyExc_OSError, "cannot create the engine's lock");
@@ -1608,6 +1616,7 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
                                 e->reader.calls, e->sleep_asks, e->walks_running, e->found_asleep,
                                 e->torn_reads};
     int running = e->thread_running, short_slice = e->short_slice;
+    const char *read_via = e->reader.use_pread ? "/proc/self/mem" : "process_vm_readv";
     Py_ssize_t buffer_bytes = (Py_ssize_t)e->active.cap;
     double cpu = e->final_cpu;
     if (running && e->has_thread_clock) {
@@ -1616,11 +1625,11 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisn}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
         "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
         "walks_running", n[12], "found_asleep", n[13], "torn_reads", n[14], "running", running, "short_slice", short_slice,
-        "buffer_bytes", buffer_bytes);
+        "buffer_bytes", buffer_bytes, "read_via", read_via);
     if (d == NULL) return NULL;
     PyObject *v = PyFloat_FromDouble(cpu);
     if (v == NULL || PyDict_SetItemString(d, "collector_cpu", v) != 0) {
@@ -1706,6 +1715,20 @@ static PyTypeObject EngineType = {
 };
 
 /* ---- module functions (under the GIL) -------------------------------------------- */
+
+/* read_probe() -> (way or None, why): how the collector can read this process's
+ * memory ("process_vm_readv", "/proc/self/mem"), or None and why not (saferead.h). */
+static PyObject *read_probe(PyObject *m, PyObject *unused) {
+    int vm_errno, mem_errno;
+    int way = ss_read_probe(&vm_errno, &mem_errno);
+    if (way == SS_READ_VM) return Py_BuildValue("(ss)", "process_vm_readv", "");
+    if (way == SS_READ_MEM)
+        return Py_BuildValue("(sN)", "/proc/self/mem",
+                             PyUnicode_FromFormat("process_vm_readv: %s", strerror(vm_errno)));
+    return Py_BuildValue("(ON)", Py_None,
+                         PyUnicode_FromFormat("process_vm_readv: %s; /proc/self/mem: %s", strerror(vm_errno),
+                                              strerror(mem_errno)));
+}
 
 /* thread_states() -> {ident: (tstate address, native id or 0)} for this interpreter */
 static PyObject *thread_states(PyObject *m, PyObject *unused) {
@@ -1803,6 +1826,8 @@ static PyMethodDef module_methods[] = {
     {"gil_held_by", gil_held_by, METH_VARARGS,
      "gil_held_by(tstate, seconds): whether that thread state is seen holding the GIL (read as the collector does)"},
     {"after_fork", after_fork, METH_NOARGS, "In a forked child: reset the module's own state."},
+    {"read_probe", read_probe, METH_NOARGS,
+     "read_probe() -> (way or None, why): how the collector can read this process's memory"},
     SS_SHADOW_METHODS
     SS_SWITCHING_METHODS
     {NULL, NULL, 0, NULL},

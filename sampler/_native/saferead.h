@@ -87,6 +87,44 @@ static inline int ss_readv(ss_reader *r, void *const dst[], const uintptr_t src[
     return whole;
 }
 
+/* How this process can read its own memory fault-safely, tried on bytes of its own
+ * stack: SS_READ_VM (process_vm_readv), SS_READ_MEM (/proc/self/mem, where the
+ * system call is refused), or SS_READ_NONE (neither: a seccomp profile that refuses
+ * both, /proc not mounted). The errno of each refusal is left in *vm_errno and
+ * *mem_errno (0 where that way worked or was not tried). Without a way the engine
+ * cannot read a frame: each walk would fail, and a sampler would run and take
+ * nothing; the probe lets the Python side say so before a sampler starts. */
+#define SS_READ_NONE 0
+#define SS_READ_VM 1
+#define SS_READ_MEM 2
+static inline int ss_read_probe(int *vm_errno, int *mem_errno) {
+    volatile uint64_t here = 0x5354434b53484f54ULL;  /* the bytes read back */
+    uint64_t copy = 0;
+    struct iovec local = {&copy, sizeof copy}, remote = {(void *)&here, sizeof here};
+    *vm_errno = *mem_errno = 0;
+    ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (got == (ssize_t)sizeof copy && copy == here) return SS_READ_VM;
+    *vm_errno = got < 0 ? errno : EIO;
+    copy = 0;
+    int fd = open("/proc/self/mem", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *mem_errno = errno;
+        return SS_READ_NONE;
+    }
+    got = pread(fd, &copy, sizeof copy, (off_t)(uintptr_t)&here);
+    *mem_errno = got < 0 ? errno : 0;
+    close(fd);
+    if (got == (ssize_t)sizeof copy && copy == here) return SS_READ_MEM;
+    if (*mem_errno == 0) *mem_errno = EIO;
+    return SS_READ_NONE;
+}
+
+/* Start a reader on the way the probe found (SS_READ_MEM: straight to /proc/self/mem,
+ * without a refused system call first). */
+static inline void ss_reader_use(ss_reader *r, int way) {
+    r->use_pread = way == SS_READ_MEM;
+}
+
 /* Copy n bytes at address src into dst. Returns 0 when all n bytes were copied, -1
  * when any of them could not be read (unmapped memory), never faults. */
 static inline int ss_read(ss_reader *r, void *dst, uintptr_t src, size_t n) {
