@@ -109,8 +109,14 @@ def test_where_no_way_to_read_is_left_the_python_engine_runs_and_says_why():
             refused = None
         except RuntimeError as exc:
             refused = str(exc)
+        try:
+            sampler._native.Engine(0.001)  # (the engine's own check, under the one above)
+            engine_refused = None
+        except OSError as exc:
+            engine_refused = str(exc)
         print(json.dumps({"way": engines.read_via(), "engine": ctl.get_snapshots().runs[0].engine,
-                          "samples": len(ctl.get_snapshots()), "refused": refused}))
+                          "samples": len(ctl.get_snapshots()), "refused": refused,
+                          "engine_refused": engine_refused}))
     """)
     assert out["way"] is None
     assert (out["engine"], out["samples"] >= 5) == ("python", True), out
@@ -118,5 +124,7 @@ def test_where_no_way_to_read_is_left_the_python_engine_runs_and_says_why():
           "/proc/self/mem: Operation not permitted)"
     assert out["refused"].startswith("engine='native' is not available: this process " + why), out
     assert "\n" not in out["refused"]
+    assert out["engine_refused"] == ("this process cannot read its own memory: process_vm_readv: Operation not "
+                                     "permitted; /proc/self/mem: Operation not permitted"), out
     assert out["stderr"].count("RuntimeWarning: stackshot uses its Python engine: this process " + why) == 1, \
         out["stderr"]

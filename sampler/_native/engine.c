@@ -1127,6 +1127,13 @@ static void *collector_main(void *arg) {
 
 /* ---- Python interface ---------------------------------------------------------- */
 
+/* The refusals ss_read_probe met, as a line: "process_vm_readv: <error>", and
+ * "; /proc/self/mem: <error>" where that was refused too (new reference). */
+static PyObject *read_refusals(int vm_errno, int mem_errno) {
+    if (mem_errno == 0) return PyUnicode_FromFormat("process_vm_readv: %s", strerror(vm_errno));
+    return PyUnicode_FromFormat("process_vm_readv: %s; /proc/self/mem: %s", strerror(vm_errno), strerror(mem_errno));
+}
+
 static int init_sync(Engine *e) {
     pthread_condattr_t attr;
     if (pthread_mutex_init(&e->lock, NULL) != 0) return -1;
@@ -1193,8 +1200,11 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     int vm_errno, mem_errno;
     int way = ss_read_probe(&vm_errno, &mem_errno);
     if (way == SS_READ_NONE) {  /* (sampler.engines says so before a sampler is made) */
-        PyErr_Format(PyExc_OSError, "this process cannot read its own memory: process_vm_readv: %s; "
-                     "/proc/self/mem: %s", strerror(vm_errno), strerror(mem_errno));
+        PyObject *why = read_refusals(vm_errno, mem_errno);
+        if (why != NULL) {
+            PyErr_Format(PyExc_OSError, "this process cannot read its own memory: %U", why);
+            Py_DECREF(why);
+        }
         return -1;
     }
     e->delay_ns = (int64_t)(delay * 1e9);
@@ -1717,17 +1727,13 @@ static PyTypeObject EngineType = {
 /* ---- module functions (under the GIL) -------------------------------------------- */
 
 /* read_probe() -> (way or None, why): how the collector can read this process's
- * memory ("process_vm_readv", "/proc/self/mem"), or None and why not (saferead.h). */
+ * memory ("process_vm_readv", "/proc/self/mem"), or None; why: the refusals met
+ * (saferead.h). */
 static PyObject *read_probe(PyObject *m, PyObject *unused) {
     int vm_errno, mem_errno;
     int way = ss_read_probe(&vm_errno, &mem_errno);
     if (way == SS_READ_VM) return Py_BuildValue("(ss)", "process_vm_readv", "");
-    if (way == SS_READ_MEM)
-        return Py_BuildValue("(sN)", "/proc/self/mem",
-                             PyUnicode_FromFormat("process_vm_readv: %s", strerror(vm_errno)));
-    return Py_BuildValue("(ON)", Py_None,
-                         PyUnicode_FromFormat("process_vm_readv: %s; /proc/self/mem: %s", strerror(vm_errno),
-                                              strerror(mem_errno)));
+    return Py_BuildValue("(zN)", way == SS_READ_MEM ? "/proc/self/mem" : NULL, read_refusals(vm_errno, mem_errno));
 }
 
 /* thread_states() -> {ident: (tstate address, native id or 0)} for this interpreter */
