@@ -12,7 +12,10 @@ stackshot beside yappi's greenlet mode.
   the workload's greenlets as measured and as true.
 * Switches per second: two greenlets switching back and forth, with no profiler,
   under a stackshot sampler of their thread (the switch hook installed), and under
-  yappi's greenlet mode.
+  yappi's greenlet mode. The C hook estimates the thread's CPU clock between
+  reschedulings (``sampler/_native/switchclock.h``); its row ``...-clock-read`` reads
+  it at every switch (``STACKSHOT_SWITCH_CLOCK=read``), as before, and each C row
+  says how many switches read it.
 
 Each measurement is a fresh interpreter.  Run:
 ``python -m benchmarks.bench_greenlets [--python PY] [--seconds S] [--rounds N]``;
@@ -33,6 +36,7 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILERS = ("none", "stackshot-python-1ms", "stackshot-native-1ms", "yappi-greenlet")
+SWITCH_PROFILERS = PROFILERS + ("stackshot-native-1ms-clock-read",)
 SWITCHES = 200_000
 
 
@@ -42,6 +46,8 @@ def _start(profiler: str) -> Any:
         engine = profiler.split("-")[1]
         if engine == "python":  # (the pure-Python path whole: the switch hook's Python twin)
             os.environ["STACKSHOT_SWITCH_HOOK"] = "python"
+        if profiler.endswith("-clock-read"):  # (the C hook reading the CPU clock at every switch)
+            os.environ["STACKSHOT_SWITCH_CLOCK"] = "read"
         import sampler
         return sampler.create_sampler(threading.main_thread(), 0.001, engine=engine)
     if profiler == "yappi-greenlet":
@@ -130,9 +136,16 @@ def child_switches(profiler: str) -> dict:
     for _ in range(SWITCHES // 2):
         g.switch()
     elapsed = time.perf_counter() - t0
+    out: dict = {"switches_per_s": SWITCHES / elapsed}
+    if profiler.startswith("stackshot-"):
+        from sampler import greenlets
+
+        hook = greenlets._hooks.get(threading.get_ident())
+        if hook is not None and hasattr(hook, "clock_reads"):
+            out["clock_read_share"] = hook.clock_reads / max(hook.clock_reads + hook.clock_estimates, 1)
     if ctl is not None:
         ctl.stop()
-    return {"switches_per_s": SWITCHES / elapsed}
+    return out
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -178,16 +191,21 @@ def main(argv: Any = None) -> None:
                 "mean_error_points": statistics.median(statistics.fmean(e.values()) for e in errs),
                 "max_error_points": statistics.median(max(e.values()) for e in errs),
                 "runs": runs}
-    for profiler in PROFILERS:
-        rates = [_child(args.python, "switches", profiler)["switches_per_s"] for _ in range(args.rounds)]
-        results["switches"][profiler] = statistics.median(rates)
+    read_shares = {}
+    for profiler in SWITCH_PROFILERS:
+        runs = [_child(args.python, "switches", profiler) for _ in range(args.rounds)]
+        results["switches"][profiler] = statistics.median(r["switches_per_s"] for r in runs)
+        if "clock_read_share" in runs[0]:
+            read_shares[profiler] = statistics.median(r["clock_read_share"] for r in runs)
+    results["clock_read_share"] = read_shares
     print(f"{'workload / profiler':45} {'greenlets':>9} {'mean err':>9} {'max err':>8}  (points)")
     for key, r in results["attribution"].items():
         print(f"{key:45} {r['greenlets']:9d} {r['mean_error_points']:9.2f} {r['max_error_points']:8.2f}")
     base = results["switches"]["none"]
-    print(f"\n{'switches/s (2 greenlets)':45} {'per s':>12} {'vs none':>8}")
+    print(f"\n{'switches/s (2 greenlets)':45} {'per s':>12} {'vs none':>8} {'us/switch':>9} {'clock read':>10}")
     for profiler, rate in results["switches"].items():
-        print(f"{profiler:45} {rate:12,.0f} {rate / base:8.2f}")
+        share = f"{read_shares[profiler]:10.1%}" if profiler in read_shares else ""
+        print(f"{profiler:45} {rate:12,.0f} {rate / base:8.2f} {1e6 / rate - 1e6 / base:9.2f} {share}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -18,9 +18,10 @@ hooks are per thread), chained with the trace function already there, and remove
 when the last sampler using it stops, if it is still the thread's trace function and
 the stop is made in that thread; otherwise it stays, inert, passing events on.
 Overhead: a C call per switch where the extension is built (:class:`NativeSwitchHook`,
-whose every uncommon case is :class:`SwitchHook`'s Python), a Python call in the
-Python twin; the clock read at each switch is most of it (see
-``scribblings/greenlets.md``).
+whose every uncommon case is :class:`SwitchHook`'s Python, and which knows the
+thread's CPU clock without a system call between reschedulings:
+``sampler/_native/switchclock.h``), a Python call in the Python twin, where the CPU
+clock read at each switch is most of it (see ``scribblings/greenlets.md``).
 """
 
 from __future__ import annotations
@@ -217,8 +218,8 @@ class SwitchHook:
         self.current: Optional[GreenletRecord] = None
         # (perf_counter_ns() at the switch, the greenlet switched to, the thread's
         # CPU clock then: thread_time_ns()), oldest first. The CPU clock tells the
-        # native engine what each greenlet used between two samples (one system
-        # call: 0.2-0.8 us per switch, by host).
+        # native engine what each greenlet used between two samples (here one
+        # system call, 0.2-1.2 us per switch by host; the C hook mostly estimates it).
         self.log: deque = deque(maxlen=LOG_SIZE)
         self.switched = False  # its thread has switched since the hook was made
 
@@ -276,11 +277,17 @@ if _NativeSwitchHook is not None:
         def __init__(self, previous: Optional[Callable[..., Any]]) -> None:
             SwitchHook.__init__(self, previous)  # type: ignore[arg-type]
             self.records = _records
+            self.estimate_cpu = os.environ.get(CLOCK_ENV_VAR) != "read"
 
         _first_switch = SwitchHook._first_switch
         _slow = SwitchHook.__call__
 else:
     NativeSwitchHook = None  # type: ignore[assignment,misc]
+
+CLOCK_ENV_VAR = "STACKSHOT_SWITCH_CLOCK"
+"""``read`` makes new C hooks read the thread's CPU clock at every switch, a system
+call, where they would know it without one between reschedulings
+(``sampler/_native/switchclock.h``; the benchmarks compare the two)."""
 
 HOOK_ENV_VAR = "STACKSHOT_SWITCH_HOOK"
 """``python`` makes new hooks the Python twin even where the C one is built (the

@@ -2,11 +2,13 @@
 
 Some container runtimes refuse ``process_vm_readv`` (the native engine's way of
 reading its own memory without faulting on freed frames), and some also keep
-``/proc/self/mem`` from it. Tests of what the engine does then install the same
+``/proc/self/mem`` from it; Docker's default profile refuses ``perf_event_open``
+(the switch hook's way of knowing the CPU clock without a system call). Tests of what the engine does then install the same
 kind of filter in a child process: :func:`refuse` makes the named system calls fail
 with ``EPERM`` in the calling thread and every thread it starts from then on (call
 it before any other thread starts). The filter is for the running machine's
 architecture only; elsewhere :func:`refuse` raises ``OSError`` and the test skips.
+:func:`run_refusing` runs a test's code in such a child.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import errno
 import functools
 import os
 import platform
+import json
 import struct
 import subprocess
 import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (audit architecture, {system call: number}) per machine
 _TABLES = {
-    "x86_64": (0xC000003E, {"process_vm_readv": 310, "pread64": 17}),
-    "aarch64": (0xC00000B7, {"process_vm_readv": 270, "pread64": 67}),
+    "x86_64": (0xC000003E, {"process_vm_readv": 310, "pread64": 17, "perf_event_open": 298}),
+    "aarch64": (0xC00000B7, {"process_vm_readv": 270, "pread64": 67, "perf_event_open": 241}),
 }
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _LD_ABS_W, _JEQ_K, _RET_K = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
@@ -73,3 +79,26 @@ def can_refuse() -> bool:
     code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n" \
            "import seccomp_helpers; seccomp_helpers.refuse('process_vm_readv')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
+
+
+def run_refusing(refused: tuple, body: str) -> dict:
+    """Run ``body`` (which prints one JSON line last) in a child whose system calls
+    ``refused`` fail with EPERM from its start (this directory on its path); its JSON,
+    with its ``stderr``. Skips where no filter can be made."""
+    import pytest  # (here: the stress scripts import this module without pytest's machinery)
+
+    from run_helpers import repo_env
+
+    code = (f"import json, sys\nsys.path.insert(0, {HERE!r})\nimport seccomp_helpers\n"
+            f"try:\n    seccomp_helpers.refuse(*{refused!r})\n"
+            "except OSError as exc:\n    print(json.dumps({'skip': str(exc)}))\n    sys.exit(0)\n"
+            + textwrap.dedent(body))
+    env = {k: v for k, v in repo_env().items() if k != "STACKSHOT_ENGINE"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(f"no seccomp filter here: {out['skip']}")
+    out["stderr"] = proc.stderr
+    return out

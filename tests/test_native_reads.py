@@ -9,44 +9,18 @@ process whose own seccomp filter refuses those calls (``seccomp_helpers.refuse``
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-from run_helpers import repo_env
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from seccomp_helpers import run_refusing
 
 pytestmark = pytest.mark.engines("native")
-
-
-def _run_refusing(refused: tuple, body: str) -> dict:
-    """Run ``body`` (which prints one JSON line last) in a child whose system calls
-    ``refused`` fail with EPERM from its start; skip where no filter can be made."""
-    code = (f"import json, sys\nsys.path.insert(0, {HERE!r})\nimport seccomp_helpers\n"
-            f"try:\n    seccomp_helpers.refuse(*{refused!r})\n"
-            "except OSError as exc:\n    print(json.dumps({'skip': str(exc)}))\n    sys.exit(0)\n"
-            + textwrap.dedent(body))
-    env = {k: v for k, v in repo_env().items() if k != "STACKSHOT_ENGINE"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert "Traceback" not in proc.stderr, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(f"no seccomp filter here: {out['skip']}")
-    out["stderr"] = proc.stderr
-    return out
 
 
 def test_where_process_vm_readv_is_refused_frames_are_read_through_proc_self_mem():
     """Two functions with a known split of the CPU (each timed with the thread's own
     clock, 1:3): read through /proc/self/mem, no read fails and each gets its share
     (about 800 samples: two standard errors are 3 points)."""
-    out = _run_refusing(("process_vm_readv",), """
+    out = run_refusing(("process_vm_readv",), """
         import threading, time
         import analyzer, sampler
         from sampler import engines
@@ -94,7 +68,7 @@ def test_where_no_way_to_read_is_left_the_python_engine_runs_and_says_why():
     the native engine ran anyway and took no sample: 300 failed reads in 0.3 s). The
     default is then the Python engine, with one warning saying why; asking for the
     native engine is a one-line error."""
-    out = _run_refusing(("process_vm_readv", "pread64"), """
+    out = run_refusing(("process_vm_readv", "pread64"), """
         import threading, warnings
         import sampler
         from sampler import engines

@@ -17,7 +17,8 @@
  * still refers to it, with its outermost frame (`base`) and name (`named`) learnt,
  * and the greenlet switched from needs no base learnt; then `current` becomes the
  * record and (perf_counter_ns(), record, thread_time_ns()) is appended to `log`,
- * both clocks read last, once the hook's work is done (a switch is the switcher's);
+ * both clocks read last, once the hook's work is done (a switch is the switcher's;
+ * the CPU clock without a system call where switchclock.h can tell it);
  * then the tracer chained (`previous`) is called. A failure of the hook's own
  * work is swallowed, as in Python (a profiler's trouble never reaches the program);
  * the chained tracer's is the program's and propagates.
@@ -29,6 +30,8 @@
 #include <structmember.h>
 #include <time.h>
 
+#include "switchclock.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *previous;  /* the tracer chained (None: none) */
@@ -38,6 +41,8 @@ typedef struct {
     int switched;        /* its thread has switched since the hook was made */
     PyObject *records;   /* sampler.greenlets._records: id(greenlet) -> record */
     unsigned long long slow_calls;  /* events handed to the Python hook */
+    int estimate_cpu;    /* the CPU clock may be estimated (switchclock.h); 0: read each time */
+    ss_switchclock clock;
 } ss_switchhook;
 
 static PyObject *ss_str_switch, *ss_str_throw, *ss_str_ref, *ss_str_base, *ss_str_named, *ss_str_slow,
@@ -128,11 +133,15 @@ static int ss_switch_fast(ss_switchhook *h, PyObject *event, PyObject *args) {
     Py_INCREF(rec);
     h->current = rec;  /* (the reference taken above) */
     Py_XDECREF(was);
-    struct timespec wall, cpu;
-    clock_gettime(CLOCK_MONOTONIC, &wall);  /* (time.perf_counter_ns's clock on Linux) */
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);  /* (time.thread_time_ns's) */
-    PyObject *entry = Py_BuildValue("(LOL)", (long long)wall.tv_sec * 1000000000LL + wall.tv_nsec, rec,
-                                    (long long)cpu.tv_sec * 1000000000LL + cpu.tv_nsec);
+    long long wall = ss_ns(CLOCK_MONOTONIC);  /* (time.perf_counter_ns's clock on Linux) */
+    long long cpu;  /* (time.thread_time_ns's clock) */
+    if (h->estimate_cpu) {
+        cpu = ss_switchclock_cpu(&h->clock, wall);
+    } else {
+        cpu = ss_ns(CLOCK_THREAD_CPUTIME_ID);
+        h->clock.reads++;
+    }
+    PyObject *entry = Py_BuildValue("(LOL)", wall, rec, cpu);
     Py_DECREF(rec);  /* (the entry holds it, or it was not made) */
     if (entry == NULL) {
         PyErr_Clear();
@@ -189,6 +198,7 @@ static int ss_switchhook_clear(ss_switchhook *h) {
 static void ss_switchhook_dealloc(ss_switchhook *h) {
     PyObject_GC_UnTrack(h);
     ss_switchhook_clear(h);
+    ss_switchclock_close(&h->clock);
     Py_TYPE(h)->tp_free((PyObject *)h);
 }
 
@@ -201,20 +211,62 @@ static PyMemberDef ss_switchhook_members[] = {
     {"records", T_OBJECT, offsetof(ss_switchhook, records), 0, "id(greenlet) -> its record."},
     {"slow_calls", T_ULONGLONG, offsetof(ss_switchhook, slow_calls), READONLY,
      "Switches handed to the Python hook (all but the common case)."},
+    {"estimate_cpu", T_INT, offsetof(ss_switchhook, estimate_cpu), 0,
+     "Whether the common case may estimate the CPU clock without a system call (1, as made)."},
+    {"clock_turn_ns", T_LONGLONG, offsetof(ss_switchhook, clock.turn_ns), 0,
+     "A switch this long (wall ns) after the last reads the clock (switchclock.h)."},
+    {"clock_anchor_ns", T_LONGLONG, offsetof(ss_switchhook, clock.anchor_ns), 0,
+     "The clock is read at a switch this long (wall ns) after the last reading."},
+    {"clock_reads", T_ULONGLONG, offsetof(ss_switchhook, clock.reads), READONLY,
+     "CPU clock readings (system calls) of the common case."},
+    {"clock_estimates", T_ULONGLONG, offsetof(ss_switchhook, clock.estimates), READONLY,
+     "CPU clock values of the common case known without a system call."},
     {NULL, 0, 0, 0, NULL},
 };
+
+/* cpu_clock: how the common case knows the CPU clock, and why it reads it each time. */
+static PyObject *ss_switchhook_cpu_clock(ss_switchhook *h, void *unused) {
+    (void)unused;
+    const ss_switchclock *c = &h->clock;
+    if (!h->estimate_cpu) return Py_BuildValue("(sO)", "read", Py_None);
+    if (c->state == SS_CLOCK_UNTRIED) return Py_BuildValue("(OO)", Py_None, Py_None);
+    if (c->state == SS_CLOCK_ESTIMATES) return Py_BuildValue("(sO)", "estimated", Py_None);
+    if (c->error == EOPNOTSUPP)
+        return Py_BuildValue("(ss)", "read", "perf_event page: the kernel did not mark a rescheduling");
+    return Py_BuildValue("(sN)", "read", PyUnicode_FromFormat("perf_event_open: %s", strerror(c->error)));
+}
+
+static PyGetSetDef ss_switchhook_getset[] = {
+    {"cpu_clock", (getter)ss_switchhook_cpu_clock, NULL,
+     "(way, why): 'estimated' between reschedulings, or 'read' at each switch with the reason "
+     "(None: told to, by estimate_cpu); (None, None) before its first common-case switch.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyObject *ss_switchhook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    ss_switchhook *h = (ss_switchhook *)PyType_GenericNew(type, args, kwargs);
+    if (h != NULL) {
+        h->estimate_cpu = 1;
+        ss_switchclock_reset(&h->clock);
+        h->clock.turn_ns = SS_CLOCK_TURN_NS;
+        h->clock.anchor_ns = SS_CLOCK_ANCHOR_NS;
+    }
+    return (PyObject *)h;
+}
 
 static PyTypeObject ss_switchhook_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sampler._native.SwitchHook",
     .tp_basicsize = sizeof(ss_switchhook),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The greenlet switch hook's common case in C (see sampler.greenlets.SwitchHook).",
-    .tp_new = PyType_GenericNew,
+    .tp_new = ss_switchhook_new,
     .tp_call = (ternaryfunc)ss_switchhook_call,
     .tp_traverse = (traverseproc)ss_switchhook_traverse,
     .tp_clear = (inquiry)ss_switchhook_clear,
     .tp_dealloc = (destructor)ss_switchhook_dealloc,
     .tp_members = ss_switchhook_members,
+    .tp_getset = ss_switchhook_getset,
 };
 
 static int ss_switchhook_add_type(PyObject *m) {
@@ -225,6 +277,11 @@ static int ss_switchhook_add_type(PyObject *m) {
         || !(ss_str_append = PyUnicode_InternFromString("append")))
         return -1;
     if (PyType_Ready(&ss_switchhook_type) < 0) return -1;
+    static int forks_watched;
+    if (!forks_watched) {
+        pthread_atfork(NULL, NULL, ss_switchclock_forked);
+        forks_watched = 1;
+    }
     Py_INCREF(&ss_switchhook_type);
     if (PyModule_AddObject(m, "SwitchHook", (PyObject *)&ss_switchhook_type) < 0) {
         Py_DECREF(&ss_switchhook_type);
