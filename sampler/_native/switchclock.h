@@ -38,6 +38,7 @@
 #ifndef STACKSHOT_SWITCHCLOCK_H
 #define STACKSHOT_SWITCHCLOCK_H
 
+#include <Python.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -112,7 +113,8 @@ static inline uint32_t ss_page_lock(void *page) {
 #endif
 
 /* Open the calling thread's event and check that the kernel bumps its lock across a
- * sleep; on failure, the clock reads each time, and `error` says why. */
+ * nap (called with the GIL held: let go for the nap); on failure, the clock reads
+ * each time, and `error` says why. */
 static void ss_switchclock_open(ss_switchclock *c) {
     c->state = SS_CLOCK_READS;
     c->error = ENOSYS;
@@ -137,10 +139,13 @@ static void ss_switchclock_open(ss_switchclock *c) {
     }
     /* (a short sleep need not switch: the timer can expire before the thread is off
      * its CPU, and the scheduler then picks it again; 1 us missed once in some 50
-     * threads. A nap of 100 us, up to three times, costs a thread at most 0.3 ms once.) */
+     * threads. A nap of 100 us, up to three times, costs a thread at most 0.3 ms once,
+     * with the GIL let go: the other threads run meanwhile.) */
     uint32_t before = ss_page_lock(page);
     struct timespec nap = {0, 100000};
+    Py_BEGIN_ALLOW_THREADS
     for (int tries = 0; tries < 3 && ss_page_lock(page) == before; tries++) nanosleep(&nap, NULL);
+    Py_END_ALLOW_THREADS
     if (ss_page_lock(page) == before) {  /* the kernel does not say: no estimates */
         c->error = EOPNOTSUPP;
         munmap(page, (size_t)sysconf(_SC_PAGESIZE));
