@@ -16,9 +16,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import json
 import os
 import platform
-import json
 import struct
 import subprocess
 import sys
@@ -76,7 +76,7 @@ def can_refuse() -> bool:
     back)."""
     if platform.machine() not in _TABLES:
         return False
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n" \
+    code = f"import sys; sys.path.insert(0, {HERE!r})\n" \
            "import seccomp_helpers; seccomp_helpers.refuse('process_vm_readv')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
 

@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include "pyframes.h"
+#include "nsclock.h"
 #include "markstacks.h"
 #include "shadowstacks.h"
 #include "gchook.h"
@@ -203,17 +204,11 @@ typedef struct {
     uintptr_t outside_first;      /* the first frame met outside the copied chunks */
 } ss_regions;
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static int64_t mono_ns(void) { return ss_clock_ns(CLOCK_MONOTONIC); }
 
 static int read_clock_ns(clockid_t clock, int64_t *out) {
-    struct timespec ts;
-    if (clock_gettime(clock, &ts) != 0) return -1;
-    *out = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    return 0;
+    *out = ss_clock_ns(clock);
+    return *out < 0 ? -1 : 0;
 }
 
 /* ---- code objects (collector side) ---------------------------------------------- */

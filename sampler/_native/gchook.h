@@ -29,6 +29,7 @@
 #define STACKSHOT_GCHOOK_H
 
 #include "pyframes.h"
+#include "nsclock.h"
 #include <structmember.h>
 #include <time.h>
 
@@ -89,12 +90,6 @@ typedef struct {
 } GCHook;
 
 static PyObject *ss_gc_generation_key;  /* interned "generation" */
-
-static inline int64_t ss_gc_clock(clockid_t clock) {
-    struct timespec ts;
-    if (clock_gettime(clock, &ts) != 0) return -1;
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 /* The calling thread's frames into the frame ring from fr_head (not committed); *base
  * the address of its outermost frame (the engine's walk's base: it tells a greenlet's
@@ -160,8 +155,8 @@ static void ss_gc_start(GCHook *h, PyObject *info) {
     h->open_gen = gen;
     h->open_depth = ss_gc_read_stack(h, ts, &h->open_base);
     h->open_cpu = h->last_wall[gen] < 0 || h->last_wall[gen] >= h->cpu_above_ns
-        ? ss_gc_clock(CLOCK_THREAD_CPUTIME_ID) : -1;
-    h->open_wall = ss_gc_clock(CLOCK_MONOTONIC);  /* last: the stack walk is the hook's */
+        ? ss_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1;
+    h->open_wall = ss_clock_ns(CLOCK_MONOTONIC);  /* last: the stack walk is the hook's */
 }
 
 static void ss_gc_stop(GCHook *h) {
@@ -169,8 +164,8 @@ static void ss_gc_stop(GCHook *h) {
         h->open = 0;
         return;
     }
-    int64_t end = ss_gc_clock(CLOCK_MONOTONIC);
-    int64_t cpu = h->open_cpu >= 0 ? ss_gc_clock(CLOCK_THREAD_CPUTIME_ID) : -1;
+    int64_t end = ss_clock_ns(CLOCK_MONOTONIC);
+    int64_t cpu = h->open_cpu >= 0 ? ss_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1;
     PyThreadState *ts = PyThreadState_Get();
     if (ts != h->open_ts || !h->active) {  /* not this thread's (cannot happen), or paused */
         ss_gc_release_open(h);

@@ -40,20 +40,16 @@
 
 #include <Python.h>
 #include <errno.h>
+#include "nsclock.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__linux__)
-#include <linux/perf_event.h>
+#include <linux/perf_event.h>  /* (the extension is built on Linux only: setup.py) */
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#define SS_CLOCK_PAGE 1
-#else
-#define SS_CLOCK_PAGE 0
-#endif
 
 #define SS_CLOCK_TURN_NS 100000LL   /* 100 us */
 #define SS_CLOCK_ANCHOR_NS 1000000LL  /* 1 ms */
@@ -81,19 +77,11 @@ static unsigned long ss_fork_generation;
 
 static void ss_switchclock_forked(void) { ss_fork_generation++; }
 
-static inline long long ss_ns(clockid_t clock) {
-    struct timespec t;
-    clock_gettime(clock, &t);
-    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 static void ss_switchclock_close(ss_switchclock *c) {
-#if SS_CLOCK_PAGE
     if (c->page != NULL) {
         munmap(c->page, (size_t)sysconf(_SC_PAGESIZE));
         close(c->fd);
     }
-#endif
     c->page = NULL;
 }
 
@@ -106,19 +94,15 @@ static void ss_switchclock_reset(ss_switchclock *c) {
     c->generation = ss_fork_generation;
 }
 
-#if SS_CLOCK_PAGE
 static inline uint32_t ss_page_lock(void *page) {
     return __atomic_load_n(&((struct perf_event_mmap_page *)page)->lock, __ATOMIC_ACQUIRE);
 }
-#endif
 
 /* Open the calling thread's event and check that the kernel bumps its lock across a
  * nap (called with the GIL held: let go for the nap); on failure, the clock reads
  * each time, and `error` says why. */
 static void ss_switchclock_open(ss_switchclock *c) {
     c->state = SS_CLOCK_READS;
-    c->error = ENOSYS;
-#if SS_CLOCK_PAGE
     struct perf_event_attr attr;
     memset(&attr, 0, sizeof attr);
     attr.size = sizeof attr;
@@ -157,14 +141,12 @@ static void ss_switchclock_open(ss_switchclock *c) {
     c->owner = pthread_self();
     c->state = SS_CLOCK_ESTIMATES;
     c->error = 0;
-#endif
 }
 
 /* The thread's CPU clock (ns) at a switch whose wall clock (CLOCK_MONOTONIC) read
  * `wall` just before: estimated, or read (see above). Never less than the last. */
 static long long ss_switchclock_cpu(ss_switchclock *c, long long wall) {
     if (c->generation != ss_fork_generation) ss_switchclock_reset(c);
-#if SS_CLOCK_PAGE
     if (c->state == SS_CLOCK_UNTRIED) ss_switchclock_open(c);
     int mine = c->state == SS_CLOCK_ESTIMATES && pthread_equal(c->owner, pthread_self());
     if (mine) {
@@ -182,16 +164,13 @@ static long long ss_switchclock_cpu(ss_switchclock *c, long long wall) {
     /* The anchor: the lock first, then the clocks, so that a rescheduling in between
      * leaves the lock moved at the next switch (which then reads again). */
     uint32_t lock = mine ? ss_page_lock(c->page) : 1;
-#endif
-    long long cpu = ss_ns(CLOCK_THREAD_CPUTIME_ID);
+    long long cpu = ss_clock_ns(CLOCK_THREAD_CPUTIME_ID);
     c->reads++;
-#if SS_CLOCK_PAGE
     if (mine) {
         c->lock = lock;
         c->anchor_cpu = cpu;
-        c->anchor_wall = ss_ns(CLOCK_MONOTONIC);
+        c->anchor_wall = ss_clock_ns(CLOCK_MONOTONIC);
     }
-#endif
     if (cpu < c->last_cpu) cpu = c->last_cpu;
     c->last_wall = wall;
     c->last_cpu = cpu;

@@ -133,12 +133,12 @@ static int ss_switch_fast(ss_switchhook *h, PyObject *event, PyObject *args) {
     Py_INCREF(rec);
     h->current = rec;  /* (the reference taken above) */
     Py_XDECREF(was);
-    long long wall = ss_ns(CLOCK_MONOTONIC);  /* (time.perf_counter_ns's clock on Linux) */
+    long long wall = ss_clock_ns(CLOCK_MONOTONIC);  /* (time.perf_counter_ns's clock on Linux) */
     long long cpu;  /* (time.thread_time_ns's clock) */
     if (h->estimate_cpu) {
         cpu = ss_switchclock_cpu(&h->clock, wall);
     } else {
-        cpu = ss_ns(CLOCK_THREAD_CPUTIME_ID);
+        cpu = ss_clock_ns(CLOCK_THREAD_CPUTIME_ID);
         h->clock.reads++;
     }
     PyObject *entry = Py_BuildValue("(LOL)", wall, rec, cpu);
