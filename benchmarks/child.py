@@ -280,7 +280,7 @@ def make_profiler(spec: dict) -> Any:
     if kind == "pyinstrument":
         return Pyinstrument(spec.get("interval", 0.001))
     if kind == "yappi":
-        return Yappi(greenlets=spec["workload"] in ("greenlets", "gevent_server", "greenlet_naps"))
+        return Yappi(greenlets=spec["workload"] in ("greenlets", "gevent_server", "gevent_chatty", "greenlet_naps"))
     if kind == "cProfile":
         return CProfile()
     raise ValueError(f"unknown in-process profiler {kind!r}")

@@ -1051,7 +1051,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
     log = sys.stderr
     started = time.time()
     peers = probe_peers(python, pyspy) if any(not c.startswith(("stackshot", "none")) for c in wanted) else {}
-    workload_needs = {"greenlets": "greenlet", "greenlet_naps": "greenlet", "gevent_server": "gevent"}
+    workload_needs = {"greenlets": "greenlet", "greenlet_naps": "greenlet", "gevent_server": "gevent",
+                      "gevent_chatty": "gevent"}
     if any(w in workloads for w in workload_needs) and not peers:
         peers = {k: v for k, v in probe_peers(python, None).items() if k in workload_needs.values()}
     needs = {"py-spy-200": "py-spy", "py-spy-1000": "py-spy", "pyinstrument": "pyinstrument", "yappi": "yappi"}

@@ -36,7 +36,7 @@ import time
 from typing import Any, Callable
 
 WORKLOADS = ("deep", "function_bias", "threads", "sleepers", "gil_call", "greenlets",
-             "bursty", "handoff", "io_mix", "gevent_server", "threads8", "spectral_norm", "nbody", "gap",
+             "bursty", "handoff", "io_mix", "gevent_server", "gevent_chatty", "threads8", "spectral_norm", "nbody", "gap",
              "gap_threads", "gap_pool", "gc_heavy", "greenlet_naps")
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
