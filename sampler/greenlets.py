@@ -48,10 +48,12 @@ try:
     from ._native import frame_address as _frame_address
     from ._native import note_switching as _note_switching
     from ._native import SwitchHook as _NativeSwitchHook
+    from ._native import draw_turns as _native_draw_turns
 except ImportError:  # the native engine is not built: no addresses needed
     _frame_address = None
     _note_switching = None
     _NativeSwitchHook = None
+    _native_draw_turns = None
 
 _ids = itertools.count(1)
 # id(greenlet) -> its record (a dead greenlet's until pruned: see _prune)
@@ -494,19 +496,54 @@ def switch_log(ident: int, since_ns: Optional[int] = None) -> list:
         return list(log)
     want = _TAIL_COPY
     while True:
-        tail = list(itertools.islice(reversed(log), want))
-        before = 0
-        for n, entry in enumerate(tail):  # (newest first)
-            if entry[0] <= since_ns:
-                before += 1
-                if before == 2:
-                    del tail[n + 1:]
-                    break
-        if before == 2 or len(tail) < want:  # (or all of it)
+        tail = list(itertools.islice(reversed(log), want))  # (newest first)
+        if len(tail) < want or tail[-2][0] <= since_ns:  # (all of it, or two logged by then)
             break
         want *= 4
     tail.reverse()
+    del tail[:max(bisect_right(tail, since_ns, key=_logged_at) - 2, 0)]
     return tail
+
+
+def draw_turns_py(log: list, i: int, j: int, keep: int, runs: int, point: float) -> list:
+    """The turns ``i + 1`` to ``j - 1`` of switch ``log`` (:func:`switch_log`; turn
+    ``k`` runs from entry ``k - 1``, its greenlet's, to entry ``k``) merged per
+    greenlet: if at most ``keep`` greenlets ran them, each is drawn all it used;
+    else their CPU is cut in ``runs`` equal parts, each drawn to the greenlet whose
+    CPU, laid end to end in the order the greenlets first ran, holds the point
+    ``(point + n) / runs`` of the whole (systematic sampling; ``point`` in [0, 1),
+    drawn by the caller). ``[record, CPU drawn ns, CPU used ns, index of its last
+    turn's end, turns]`` for each greenlet drawn, in the order each first ran. (The C
+    one, ``sampler/_native/turnmerge.h``, is :func:`draw_turns` where it is built.)"""
+    if not 1 <= i <= j <= len(log):
+        raise ValueError(f"draw_turns: need 1 <= i <= j <= len(log) ({len(log)}), got i={i}, j={j}")
+    if not (keep >= 0 and 1 <= runs <= 65536 and 0 <= point < 1):
+        raise ValueError(f"draw_turns: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, "
+                         f"got {keep}, {runs} and {point!r}")
+    merged: dict[Any, list] = {}
+    for k in range(i + 1, j):
+        began, ended = log[k - 1], log[k]
+        turn = merged.get(began[1])
+        if turn is None:
+            merged[began[1]] = [began[1], 0, ended[2] - began[2], k, 1]
+        else:
+            turn[2] += ended[2] - began[2]
+            turn[3] = k
+            turn[4] += 1
+    turns = list(merged.values())
+    if len(turns) <= keep:
+        return [[rec, used, used, last, n] for rec, _, used, last, n in turns if used > 0]
+    total = sum(turn[2] for turn in turns)
+    if total <= 0:
+        return []
+    step = total / runs
+    reached = list(itertools.accumulate(turn[2] for turn in turns))
+    for d in range(runs):  # (float(total) / runs * (point + d) as the C one does)
+        turns[min(bisect_right(reached, (point + d) * step), len(turns) - 1)][1] += 1
+    return [[rec, int(draws * step), used, last, n] for rec, draws, used, last, n in turns if draws]
+
+
+draw_turns = _native_draw_turns or draw_turns_py
 
 
 def switches(ident: int) -> bool:

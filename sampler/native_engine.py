@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, native_id_of_ident, read_cpu, thread_clock_id
-from .greenlets import HOOK_CODE, at_base, greenlet_at, switch_log, switches
+from .greenlets import HOOK_CODE, at_base, draw_turns, greenlet_at, switch_log, switches
 from .collector import Steering
 from .groups import ThreadGroup, change_listeners, install_start_hook, notify_started, start_listeners
 from .marks import filed_retired, hold_retired, mark_entries, release_retired, retirements
@@ -49,6 +49,25 @@ from .tracking import Target, Tracker, collector_idents, thread_target
 REFRESH = 0.02
 """Seconds between the feeder's turns (each takes the GIL once) while greenlets are
 tracked: where each one runs changes as it switches, unseen by the C thread."""
+
+REFRESH_SWITCHING = 0.05
+"""Seconds between the feeder's turns while a thread it reads switches greenlets more
+than :data:`SWITCHING_RATE` times a second (and no greenlets are tracked: then
+:data:`REFRESH`). Its switch log keeps the latest
+:data:`sampler.greenlets.LOG_SIZE` switches, and the filing needs the ones since the
+thread's last sample filed: a chatty gevent server (``gevent_chatty``, 60,000
+switches a second) filled it in 0.27 s, about :data:`REFRESH_STATIC`, and each drain
+then filed a quarter second's samples, 25 or so a tick at 1 ms, in one turn with
+the GIL: tens of milliseconds in which the program could not run. Every 50 ms the
+log reaches back as far as 330,000 switches a second need, and a turn holds the GIL
+a fifth as long."""
+
+SWITCHING_RATE = 16384
+"""Switches a second of a thread (by its log's entries copied at the last turn) above
+which the feeder turns come every :data:`REFRESH_SWITCHING`: then a quarter of its
+log lasts :data:`REFRESH_STATIC`. (Every 50 ms for any thread that switches, the
+benchmark's ``gevent_server``, 2,200 switches a second, filed 26.5 ms a second at
+5 ms against 19.6: the turns' own cost, five times as many.)"""
 
 PAUSED_FILING = 1.0
 """Seconds between the feeder's turns while paused, when marks are read: each files
@@ -101,11 +120,24 @@ MIN_TURN_US = 10
 with the sample. (A turn filed is three samples, one of them an idle marker; half
 of a gevent server's turns used less, 1.2% of their CPU.)"""
 MAX_TURNS = 8
-"""Turns between two samples filed one by one; beyond, one per greenlet, for the
-:data:`MAX_TURNS` greenlets that used the most CPU (``_turns``)."""
+"""Turns between two samples filed one by one; beyond, those in between (all but the
+first and the last) one per greenlet where at most this many greenlets ran them,
+else in :data:`MERGED_TURNS` runs (``_turns``, ``sampler.greenlets.draw_turns``)."""
+MERGED_TURNS = 2
+"""Runs that the CPU of turns of more than :data:`MAX_TURNS` greenlets between two
+samples is filed in: greenlets drawn in proportion to the CPU each used in them, by
+systematic sampling (one that used more than 1/MERGED_TURNS of it is always drawn),
+each draw a run of 1/MERGED_TURNS of it. Each greenlet gets what it used, on average,
+in a bounded number of runs a tick. Before, one run for each of the eight that used
+the most, the rest of the CPU with the sample: twelve greenlets of 20-240 us turns
+between samples 5 ms apart, the four smallest 1.0-3.9 points short each, the largest
+1.3-2.4 over, 30 samples filed a tick (now 12, each greenlet within 2.3 points
+either way in runs of 1 s of CPU); a chatty gevent server (``gevent_chatty``, some
+80 turns of 30 greenlets between two samples 1 ms apart) had 26 filed a tick, 129 ms
+a second with the GIL held."""
 MAX_OUTERMOST_STACKS = 1024  # greenlets' outermost functions interned as stacks (_place_of)
 _cpu_logged = itemgetter(2)  # a switch log entry's thread CPU clock
-_turn_cpu = itemgetter(1)  # a turn's CPU (_turns)
+_last_turn = itemgetter(3)  # a turn drawn's last end (draw_turns)
 MAX_HELD = 10_000
 """Samples held while their thread is inside a collection (see ``_file``); more
 are filed as read (a collection whose finalizers run for more than 10 s at 1 ms)."""
@@ -390,6 +422,8 @@ class NativeCollector(Steering):
         self._tracker_applied: Optional[Tracker] = None
         self._static = False  # the tracked set cannot change by itself (see _refresh_targets)
         self._polls = False  # greenlets are tracked: look every REFRESH seconds
+        self._switching = False  # a thread read switches greenlets fast: file every REFRESH_SWITCHING
+        self._filed_at = time.monotonic()  # (when _file last ran)
         # (ident, native id) of thread states without frames (an ident can be an ended
         # thread's) -> when first seen so
         self._frameless: dict[tuple[int, int], float] = {}
@@ -527,8 +561,8 @@ class NativeCollector(Steering):
                     continue
                 # (the turn with the GIL starts when the wait ends, with the request for
                 # the GIL: see PARKED in _file)
-                self._engine.feeder_wait(STARTING if self._starting else
-                                         REFRESH if self._polls else REFRESH_STATIC)
+                self._engine.feeder_wait(STARTING if self._starting else REFRESH if self._polls else
+                                         REFRESH_SWITCHING if self._switching else REFRESH_STATIC)
                 try:
                     if not self._static:
                         self._refresh_targets()
@@ -734,6 +768,11 @@ class NativeCollector(Steering):
         start_us = recorder.start * 1e6
         if codes:
             self._resolver.learn(codes)
+        # (the copies of the drain before: the switches since the one before that)
+        now = time.monotonic()
+        copied = max(map(len, self._switch_logs.values()), default=0)
+        self._switching = copied > SWITCHING_RATE * (now - self._filed_at)
+        self._filed_at = now
         self._switch_logs = {}  # this drain's copies (sampler.greenlets)
         self._turn_memo = (None, 0, 0)  # (see _turn_length)
         # each thread's last sample filed before this drain: where its copy starts
@@ -1051,7 +1090,14 @@ class NativeCollector(Steering):
         running at the last sample (from there), the last the one running at
         ``cpu_us`` (up to there; its end: 0); turns of no CPU in between are left
         out. Empty where the log does not reach back to the last sample or shows
-        no switch in between."""
+        no switch in between.
+
+        Beyond :data:`MAX_TURNS` turns, those in between are merged per greenlet,
+        or, run by more than :data:`MAX_TURNS` greenlets, are :data:`MERGED_TURNS`
+        runs of greenlets drawn in proportion to the CPU each used in them (the CPU
+        to find turns like it by: the greenlet's one turn, else 0). (A chatty
+        gevent server logs some 80 switches between two samples 1 ms apart; made
+        one tuple at a time, they took 83 us a sample.)"""
         log = self._switch_log(slot)
         if not log or len(log[0]) < 3:
             return []
@@ -1059,34 +1105,21 @@ class NativeCollector(Steering):
         i = bisect_right(log, since_ns, key=_cpu_logged)
         if i == 0 or i == len(log) or log[i][2] > until_ns:
             return []
+        j = bisect_right(log, until_ns, i, key=_cpu_logged)  # log[i:j]: the switches between
         origin_us = self.recorder.start * 1e6
-        turns = []
-        rec, at_ns = log[i - 1][1], since_ns
-        while i < len(log) and log[i][2] <= until_ns:
-            used = (log[i][2] - at_ns) // 1000
-            turns.append((rec, used, int(log[i][0] / 1000 - origin_us), used))
-            rec, at_ns = log[i][1], log[i][2]
-            i += 1
-        used = (until_ns - at_ns) // 1000
-        turns.append((rec, used, 0, used))
-        if len(turns) > MAX_TURNS:  # the turns in between, one per greenlet
-            merged: dict[Any, list] = {}
-            for rec, used, ended_us, _ in turns[1:-1]:
-                turn = merged.pop(rec, None)
-                if turn is None:
-                    turn = [rec, used, ended_us, used]
-                else:
-                    turn[1] += used
-                    turn[2] = ended_us
-                    turn[3] = 0  # (several turns: like none of them)
-                merged[rec] = turn
-            middle = [tuple(turn) for turn in merged.values()]
-            if len(middle) > MAX_TURNS:  # (the most CPU; the rest goes with the sample)
-                kept = set(map(id, sorted(middle, key=_turn_cpu, reverse=True)[:MAX_TURNS]))
-                middle = [turn for turn in middle if id(turn) in kept]
-            turns[1:-1] = middle
-        final = turns.pop()
-        return [turn for turn in turns if turn[1] > 0] + [final]
+        first = log[i - 1][1], (log[i][2] - since_ns) // 1000, int(log[i][0] / 1000 - origin_us)
+        final = log[j - 1][1], (until_ns - log[j - 1][2]) // 1000, 0
+        if j - i + 1 <= MAX_TURNS:  # (each turn k of the middle: from log[k - 1] to log[k])
+            middle = [(log[k - 1][1], used, int(log[k][0] / 1000 - origin_us))
+                      for k in range(i + 1, j) if (used := (log[k][2] - log[k - 1][2]) // 1000) > 0]
+            turns = [(rec, used, ended_us, used) for rec, used, ended_us in [first, *middle, final]]
+        else:  # the turns in between, one per greenlet
+            drawn = draw_turns(log, i, j, MAX_TURNS, MERGED_TURNS, self._uniform())  # [rec, drawn, used, last, n]
+            drawn.sort(key=_last_turn)  # (in the order they ended)
+            middle = [(rec, drawn_ns // 1000, int(log[last][0] / 1000 - origin_us), 0 if n > 1 else used // 1000)
+                      for rec, drawn_ns, used, last, n in drawn]
+            turns = [(*first, first[1]), *(turn for turn in middle if turn[1] > 0), (*final, final[1])]
+        return [turn for turn in turns[:-1] if turn[1] > 0] + turns[-1:]
 
     def _file_run(self, slot: _Slot, place: tuple, cpu_us: int, wall_us: int) -> None:
         """File a run at ``place`` (``(stack, base, marks, greenlet)``) from ``slot``'s

@@ -121,8 +121,10 @@ def _check(run: dict) -> None:
     assert len(worker) == len(run["truth"]["worker"]) and len(main) == len(run["truth"]["main"]) - 1
     for n in run["napped"][:-1]:
         # a turn that slept 2 ms was charged its CPU (its compute, the sleep's system
-        # call), not its wall time
-        assert main[n] < NAP * 1e9 / 2, (n, main[n], run["truth"]["main"][n])
+        # call), not its wall time: within 1 ms of its own clock. (Not under 1 ms
+        # whatever it did: a first turn in a child under seccomp used 4.95 ms of CPU
+        # by its own clock, and 4.96 were logged, in a full run of the tests.)
+        assert main[n] < run["truth"]["main"][n] + NAP * 1e9 / 2, (n, main[n], run["truth"]["main"][n])
     for name in ("worker", "main"):
         logged, true = sum(run["logged"][name]), sum(run["truth"][name][:len(run["logged"][name])])
         # each turn also carries a switch (greenlet's work and the hook's): a few us

@@ -24,6 +24,7 @@
 #include "threadwatch.h"
 #include "switching.h"
 #include "switchhook.h"
+#include "turnmerge.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -1831,6 +1832,7 @@ static PyMethodDef module_methods[] = {
      "read_probe() -> (way or None, why): how the collector can read this process's memory"},
     SS_SHADOW_METHODS
     SS_SWITCHING_METHODS
+    SS_TURNMERGE_METHODS
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,149 @@
+"""The draw of the CPU of many greenlet turns between two samples (``draw_turns``).
+
+Beyond a few turns between two samples of a thread, the native engine files the CPU
+of those in between in ``MERGED_TURNS`` runs of greenlets drawn in proportion to what
+each used (``sampler/native_engine.py``). The merge and the draw are in C
+(``sampler/_native/turnmerge.h``) with a Python twin (``sampler.greenlets``): both
+are held here to the same answers, to each greenlet getting what it used on
+average, and to one precise error on bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from sampler import greenlets as switches
+
+TWINS = [pytest.param(switches.draw_turns_py, id="python"), pytest.param("c", id="c")]
+
+
+def _twin(which):
+    if which != "c":
+        return which
+    if switches._native_draw_turns is None:
+        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
+            pytest.fail("the C draw_turns is not built (sampler._native)", pytrace=False)
+        pytest.skip("the C extension is not built")
+    return switches._native_draw_turns
+
+
+def _log(chance: random.Random, greenlets: int, entries: int, big: bool = False) -> list:
+    """A switch log of ``entries`` switches among ``greenlets`` records: (wall ns,
+    record, CPU ns), the clocks never going back."""
+    records = [object() for _ in range(greenlets)]
+    log, wall, cpu = [], 0, 0
+    for _ in range(entries):
+        wall += chance.randint(1, 50_000)
+        cpu += chance.choice([0, chance.randint(0, 40_000), chance.randint(0, 10**9) if big else 7])
+        log.append((wall, chance.choice(records), cpu))
+    return log
+
+
+def test_the_c_draw_and_its_python_twin_give_the_same_answers():
+    """Random logs (turns of no CPU, one greenlet, hundreds of greenlets, clocks in
+    the seconds), every stretch shape, 1 to 5 runs: the same lists, and never more
+    CPU drawn than the turns used."""
+    draw_c = _twin("c")
+    chance = random.Random(9)
+    for _ in range(3000):
+        log = _log(chance, chance.choice([1, 2, 5, 40, 300]), chance.randint(1, 400), big=chance.random() < 0.3)
+        i = chance.randint(1, len(log))
+        j = chance.randint(i, len(log))
+        keep, runs, point = chance.choice([0, 3, 8, 50]), chance.randint(1, 5), chance.random()
+        c, py = draw_c(log, i, j, keep, runs, point), switches.draw_turns_py(log, i, j, keep, runs, point)
+        assert c == py, (i, j, keep, runs, point)
+        used = log[j - 1][2] - log[i][2] if j - i >= 2 else 0
+        assert sum(turn[1] for turn in c) <= used and sum(turn[4] for turn in c) <= max(j - i - 1, 0)
+
+
+@pytest.mark.parametrize("which", TWINS)
+def test_each_greenlet_is_drawn_the_cpu_it_used_on_average(which):
+    """Turns of 30 greenlets, some with 100 times the CPU of others: drawn in two
+    runs, over 4,000 draws each greenlet's CPU drawn is within 3% of what it used,
+    and one that used more than half of it is drawn every time."""
+    draw = _twin(which)
+    chance = random.Random(3)
+    records = [object() for _ in range(30)]
+    sizes = {rec: (100 if n < 3 else 1) * chance.randint(5, 10) for n, rec in enumerate(records)}
+    log, cpu = [(0, records[0], 0)], 0
+    for k in range(1, 301):
+        rec = log[-1][1]
+        cpu += sizes[rec] * 1000
+        log.append((k * 1000, chance.choice(records), cpu))
+    used = {rec: 0 for rec in records}
+    for k in range(2, len(log)):
+        used[log[k - 1][1]] += log[k][2] - log[k - 1][2]
+    drawn = {rec: 0 for rec in records}
+    rounds = 4000
+    for _ in range(rounds):
+        for rec, ns, turn_used, _last, _turns in draw(log, 1, len(log), 8, 2, chance.random()):
+            drawn[rec] += ns
+            assert turn_used == used[rec]
+    for rec in records:
+        if used[rec]:
+            assert abs(drawn[rec] / rounds - used[rec]) < 0.03 * used[rec] + 0.002 * sum(used.values()), rec
+
+    heavy = [object(), object()]  # the first used 0.9 of the turns' CPU
+    log = [(0, heavy[0], 0), (1, heavy[0], 0), (2, heavy[1], 900), (3, heavy[0], 1000)]
+    for _ in range(200):
+        assert heavy[0] in [turn[0] for turn in draw(log, 1, 4, 0, 2, chance.random())]
+
+
+@pytest.mark.parametrize("which", TWINS)
+def test_a_stretch_without_turns_in_between_draws_nothing(which):
+    """No turn between the first and the last (``j - i < 2``), or turns of no CPU:
+    nothing drawn, and the entry past the log's end is never read (the C one read it
+    once, and failed on what it found there)."""
+    draw = _twin(which)
+    rec = object()
+    log = [(0, rec, 5), (1, rec, 7), (2, rec, 9)]
+    for i, j in [(1, 1), (1, 2), (2, 3), (3, 3)]:
+        assert draw(log, i, j, 0, 2, 0.5) == []
+    assert draw([(0, rec, 5), (1, rec, 5), (2, rec, 5)], 1, 3, 0, 2, 0.5) == []
+    assert draw(log, 1, 3, 0, 2, 0.5) == [[rec, 2, 2, 2, 1]]
+
+
+@pytest.mark.parametrize("which", TWINS)
+@pytest.mark.parametrize("args, message", [
+    ((0, 2, 8, 2, 0.5), "need 1 <= i <= j <= len(log) (3), got i=0, j=2"),
+    ((2, 1, 8, 2, 0.5), "need 1 <= i <= j <= len(log) (3), got i=2, j=1"),
+    ((1, 4, 8, 2, 0.5), "need 1 <= i <= j <= len(log) (3), got i=1, j=4"),
+    ((1, 3, -1, 2, 0.5), "need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got -1, 2 and 0.5"),
+    ((1, 3, 8, 0, 0.5), "need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got 8, 0 and 0.5"),
+    ((1, 3, 8, 2, 1.0), "need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got 8, 2 and 1.0"),
+    ((1, 3, 8, 2, float("nan")), "need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got 8, 2 and nan"),
+])
+def test_bad_arguments_get_one_precise_error(which, args, message):
+    draw = _twin(which)
+    rec = object()
+    with pytest.raises(ValueError) as caught:
+        draw([(0, rec, 5), (1, rec, 7), (2, rec, 9)], *args)
+    assert str(caught.value) == f"draw_turns: {message}"
+
+
+def test_a_log_entry_that_is_not_a_switch_is_refused_not_read():
+    """(The C one reads the log without the Python twin's checks of each item.)"""
+    draw_c = _twin("c")
+    rec = object()
+    not_a_switch = "draw_turns: log entry 2 is not a (wall, record, cpu) tuple"
+    for entry, message in [(None, not_a_switch), ((1, rec), not_a_switch),
+                           ((1, rec, "x"), "draw_turns: log entry 2's CPU clock is not an integer")]:
+        with pytest.raises(TypeError) as caught:
+            draw_c([(0, rec, 5), (1, rec, 7), entry, (3, rec, 11)], 1, 4, 8, 2, 0.5)
+        assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("which", TWINS)
+def test_turns_of_few_greenlets_are_each_given_all_they_used(which):
+    """At most ``keep`` greenlets between: nothing is drawn, each gets its own CPU
+    (turns of no CPU, none), whatever the point."""
+    draw = _twin(which)
+    a, b, c = object(), object(), object()
+    log = [(0, a, 0), (1, b, 10), (2, a, 25), (3, c, 45), (4, b, 45), (5, a, 80), (6, c, 81)]
+    for point in (0.0, 0.3, 0.99):
+        assert draw(log, 1, 7, 3, 2, point) == [[b, 50, 50, 5, 2], [a, 21, 21, 6, 2]]
+    # (beyond keep: drawn, two runs of 35.5 ns; b's 50 of 71 holds both points)
+    assert draw(log, 1, 7, 1, 2, 0.3) == [[b, 71, 50, 5, 2]]
