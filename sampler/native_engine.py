@@ -1110,16 +1110,16 @@ class NativeCollector(Steering):
         first = log[i - 1][1], (log[i][2] - since_ns) // 1000, int(log[i][0] / 1000 - origin_us)
         final = log[j - 1][1], (until_ns - log[j - 1][2]) // 1000, 0
         if j - i + 1 <= MAX_TURNS:  # (each turn k of the middle: from log[k - 1] to log[k])
-            middle = [(log[k - 1][1], used, int(log[k][0] / 1000 - origin_us))
-                      for k in range(i + 1, j) if (used := (log[k][2] - log[k - 1][2]) // 1000) > 0]
+            middle = [(log[k - 1][1], (log[k][2] - log[k - 1][2]) // 1000, int(log[k][0] / 1000 - origin_us))
+                      for k in range(i + 1, j)]
             turns = [(rec, used, ended_us, used) for rec, used, ended_us in [first, *middle, final]]
         else:  # the turns in between, one per greenlet
             drawn = draw_turns(log, i, j, MAX_TURNS, MERGED_TURNS, self._uniform())  # [rec, drawn, used, last, n]
             drawn.sort(key=_last_turn)  # (in the order they ended)
             middle = [(rec, drawn_ns // 1000, int(log[last][0] / 1000 - origin_us), 0 if n > 1 else used // 1000)
                       for rec, drawn_ns, used, last, n in drawn]
-            turns = [(*first, first[1]), *(turn for turn in middle if turn[1] > 0), (*final, final[1])]
-        return [turn for turn in turns[:-1] if turn[1] > 0] + turns[-1:]
+            turns = [(*first, first[1]), *middle, (*final, final[1])]
+        return [turn for turn in turns[:-1] if turn[1] > 0] + turns[-1:]  # (no CPU: left out)
 
     def _file_run(self, slot: _Slot, place: tuple, cpu_us: int, wall_us: int) -> None:
         """File a run at ``place`` (``(stack, base, marks, greenlet)``) from ``slot``'s

@@ -8,6 +8,8 @@ pytest.register_assert_rewrite("doc_examples")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sampling_helpers import native_missing  # noqa: E402  (beside this file: on the path)
+
 
 # -- both engines ----------------------------------------------------------------------
 # Every test of the sampler runs once per engine: the native one (a C thread reading
@@ -46,10 +48,7 @@ def sampler_engine(request, monkeypatch):
         yield None
         return
     if name == "native" and not _native_built():
-        message = "the native engine is not built here (sampler._native is missing)"
-        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
-            pytest.fail(message + " -- required when STACKSHOT_REQUIRE_NATIVE=1", pytrace=False)
-        pytest.skip(message)
+        native_missing("the native engine")
     monkeypatch.setenv("STACKSHOT_ENGINE", name)
     # each engine with its own greenlet switch hook: the Python engine's tests run the
     # hook's Python twin, the native engine's its C common case (sampler.greenlets)

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, NoReturn
+
+import pytest
+
+
+def native_missing(what: str) -> NoReturn:
+    """End the calling test because ``what`` (a part of ``sampler._native``) is not
+    built: a skip, or a failure where ``STACKSHOT_REQUIRE_NATIVE=1`` (CI) wants it."""
+    if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
+        pytest.fail(f"{what} is not built (sampler._native) -- required when STACKSHOT_REQUIRE_NATIVE=1",
+                    pytrace=False)
+    pytest.skip(f"{what} is not built here")
 
 
 def spin(seconds: float) -> int:

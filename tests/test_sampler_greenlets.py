@@ -19,7 +19,8 @@ import pytest
 from analyzer import sample_weights
 from sampler import ALL_THREADS, create_sampler
 
-from sampling_helpers import spin, spin_sampled, spin_until_sampled, switch_error_margin, wait_until
+from sampling_helpers import (native_missing, spin, spin_sampled, spin_until_sampled, switch_error_margin,
+                              wait_until)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1289,9 +1290,7 @@ def test_the_c_switch_hook_does_what_its_python_twin_does():
     from sampler import greenlets as switches
 
     if switches.NativeSwitchHook is None:
-        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
-            pytest.fail("the C switch hook is not built (sampler._native)", pytrace=False)
-        pytest.skip("the C switch hook is not built here")
+        native_missing("the C switch hook")
     runs = {cls: _hook_run(cls) for cls in (switches.SwitchHook, switches.NativeSwitchHook)}
     python, native = runs[switches.SwitchHook], runs[switches.NativeSwitchHook]
     slow = native.pop("slow")

@@ -10,12 +10,13 @@ average, and to one precise error on bad input.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
 from sampler import greenlets as switches
+
+from sampling_helpers import native_missing
 
 TWINS = [pytest.param(switches.draw_turns_py, id="python"), pytest.param("c", id="c")]
 
@@ -24,9 +25,7 @@ def _twin(which):
     if which != "c":
         return which
     if switches._native_draw_turns is None:
-        if os.environ.get("STACKSHOT_REQUIRE_NATIVE") == "1":
-            pytest.fail("the C draw_turns is not built (sampler._native)", pytrace=False)
-        pytest.skip("the C extension is not built")
+        native_missing("the C draw_turns")
     return switches._native_draw_turns
 
 
