@@ -280,18 +280,18 @@ def test_cpu_found_in_the_place_a_thread_slept_goes_to_where_it_last_ran():
     running, asleep = found["_crunch"], found["_nap"]
     number, wall, cpu = _past_every_real_sample(running)
     replay = [
-        (number, running[1], wall, cpu) + running[4:],
-        (number, asleep[1], wall + 5 * ms, cpu + 3 * ms) + asleep[4:],  # 3 ms of work, then slept
-        (number, 0, wall + 10 * ms, cpu + 6 * ms) + asleep[4:],  # 3 ms more, runnable in the sleep
-        (number, running[1], wall + 12 * ms, cpu + 7 * ms) + running[4:],  # 1 ms more, running
+        _replayed(number, running[1], wall, cpu, running),
+        _replayed(number, asleep[1], wall + 5 * ms, cpu + 3 * ms, asleep),  # 3 ms of work, then slept
+        _replayed(number, 0, wall + 10 * ms, cpu + 6 * ms, asleep),  # 3 ms more, runnable in the sleep
+        _replayed(number, running[1], wall + 12 * ms, cpu + 7 * ms, running),  # 1 ms more, running
         # 2 ms more, then runnable in the place it slept in two samples ago (woken and
         # waiting for a core, or not yet blocked on the way in): the work's CPU still
-        (number, 0, wall + 20 * ms, cpu + 9 * ms) + asleep[4:],
+        _replayed(number, 0, wall + 20 * ms, cpu + 9 * ms, asleep),
         # running again, then found on a core in that place (a C call that lets the
         # GIL go there and computes, as hashlib does, then waits to take it back):
         # its CPU is that call's (4 ms, after 1 ms more of the work)
-        (number, running[1], wall + 22 * ms, cpu + 10 * ms) + running[4:],
-        (number, sampler.native_engine.ONCPU, wall + 26 * ms, cpu + 14 * ms) + asleep[4:],
+        _replayed(number, running[1], wall + 22 * ms, cpu + 10 * ms, running),
+        _replayed(number, sampler.native_engine.ONCPU, wall + 26 * ms, cpu + 14 * ms, asleep),
     ]
     assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 10000, "_nap": 4000}
 
@@ -316,12 +316,12 @@ def test_cpu_found_preempted_in_a_place_the_thread_slept_stays_there():
     running, asleep = found["_crunch"], found["_nap"]
     number, wall, cpu = _past_every_real_sample(running)
     replay = [
-        (number, oncpu, wall, cpu) + running[4:],
-        (number, asleep_flag, wall + 5 * ms, cpu + 3 * ms) + asleep[4:],
-        (number, oncpu, wall + 10 * ms, cpu + 5 * ms) + running[4:],
-        (number, preempted, wall + 14 * ms, cpu + 9 * ms) + asleep[4:],
-        (number, oncpu, wall + 16 * ms, cpu + 10 * ms) + running[4:],
-        (number, 0, wall + 20 * ms, cpu + 13 * ms) + asleep[4:],
+        _replayed(number, oncpu, wall, cpu, running),
+        _replayed(number, asleep_flag, wall + 5 * ms, cpu + 3 * ms, asleep),
+        _replayed(number, oncpu, wall + 10 * ms, cpu + 5 * ms, running),
+        _replayed(number, preempted, wall + 14 * ms, cpu + 9 * ms, asleep),
+        _replayed(number, oncpu, wall + 16 * ms, cpu + 10 * ms, running),
+        _replayed(number, 0, wall + 20 * ms, cpu + 13 * ms, asleep),
     ]
     assert _charged(ctl, file, replay, codes, ("_crunch", "_nap")) == {"_crunch": 9000, "_nap": 4000}
 
@@ -353,9 +353,9 @@ def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
     # (thread, stack innermost first, generation, end, wall, CPU, outermost frame)
     collector._gc_pending[ident] = [(ident, [(_allocating_site.__code__, 0)], 0, began_us + 4000, 4000, 4000, 0)]
     replay = [
-        (number, flags, wall, cpu) + running[4:],
-        (number, flags, wall + 4 * ms, cpu + 4 * ms) + running[4:],  # inside the collection
-        (number, flags, wall + 8 * ms, cpu + 8 * ms) + running[4:],
+        _replayed(number, flags, wall, cpu, running),
+        _replayed(number, flags, wall + 4 * ms, cpu + 4 * ms, running),  # inside the collection
+        _replayed(number, flags, wall + 8 * ms, cpu + 8 * ms, running),
     ]
     charged = _charged(ctl, file, replay, codes, ("_crunch", "_allocating_site", "<gc>"))
     assert charged == {"_allocating_site": 2000, "<gc>": 4000, "_crunch": 2000}
@@ -364,8 +364,14 @@ def test_a_tick_inside_a_collection_is_filed_at_what_triggered_it_as_it_began():
 def _past_every_real_sample(record: tuple) -> tuple:
     """The thread number of an engine record, and clocks (wall, CPU) 1,000 ms past
     its own: a replay timed from there comes after every sample the run took."""
-    number, _, wall, cpu = record[:4]
+    number, _, _, wall, cpu = record[:5]
     return number, wall + 1000 * ms, cpu + 1000 * ms
+
+
+def _replayed(number: int, flags: int, wall: int, cpu: int, record: tuple) -> tuple:
+    """An engine record of thread ``number`` with ``flags``, read at ``wall`` (its
+    read begun then too) and CPU clock ``cpu``, of ``record``'s stack."""
+    return (number, flags, wall, wall, cpu) + record[5:]
 
 
 def _records_of(work, wanted: dict):
@@ -387,7 +393,7 @@ def _records_of(work, wanted: dict):
         snaps = ctl.get_snapshots()
         for samples, _ in filed:
             for record in samples:
-                raw = record[5]
+                raw = record[6]
                 sid = collector._keys.get(raw) if raw is not None else None
                 if not sid:  # (0: no frames, as where the sampler's own code was read)
                     continue
@@ -472,11 +478,11 @@ def test_cpu_of_a_thread_parked_by_the_feeders_turn_goes_to_where_it_last_ran():
     number, wall, cpu = _past_every_real_sample(crunch)
     from sampler.native_engine import ONCPU as oncpu, PARKED as parked
     replay = [
-        (number, oncpu, wall, cpu) + crunch[4:],
-        (number, parked, wall + 5 * ms, cpu + 3 * ms) + hand_over[4:],  # parked after 3 ms
-        (number, oncpu, wall + 7 * ms, cpu + 4 * ms) + hand_over[4:],  # 1 ms there, running
-        (number, oncpu, wall + 9 * ms, cpu + 5 * ms) + crunch[4:],
-        (number, 0, wall + 14 * ms, cpu + 8 * ms) + hand_over[4:],  # not parked: found there
+        _replayed(number, oncpu, wall, cpu, crunch),
+        _replayed(number, parked, wall + 5 * ms, cpu + 3 * ms, hand_over),  # parked after 3 ms
+        _replayed(number, oncpu, wall + 7 * ms, cpu + 4 * ms, hand_over),  # 1 ms there, running
+        _replayed(number, oncpu, wall + 9 * ms, cpu + 5 * ms, crunch),
+        _replayed(number, 0, wall + 14 * ms, cpu + 8 * ms, hand_over),  # not parked: found there
     ]
     assert _charged(ctl, file, replay, codes, ("_crunch", "_hand_over")) == {"_crunch": 4000, "_hand_over": 4000}
 
@@ -598,7 +604,7 @@ def _flags_inside_calls(call, where: str, times: int = 3) -> list:
     snaps = ctl.get_snapshots()
     inside = []
     last_raw: dict = {}  # (a SAME record is the thread's last frames, read again)
-    for number, flags, _, cpu, _, raw, _ in drained:
+    for number, flags, _, _, cpu, _, raw, _ in drained:
         if flags & SAME:
             raw = last_raw.get(number)
         elif raw is not None:
@@ -1060,9 +1066,9 @@ def test_the_collector_wakes_the_feeder_for_a_new_thread_and_for_a_buffer_half_f
         engine.stop()
         stop.set()
         worker.join()
-    # what the buffer held: each sample (a 48-byte record and its frames), and the
+    # what the buffer held: each sample (a 56-byte record and its frames), and the
     # names of each code object met (a 48-byte record, then its strings, padded)
-    used = sum(48 + len(s[5] or b"") for s in samples) + sum(
+    used = sum(56 + len(s[6] or b"") for s in samples) + sum(
         48 + (len(c[5]) * c[4] + len(c[7]) * c[6] + len(c[8]) + 7) // 8 * 8 for c in codes)
     assert half < used < 2 * half
 

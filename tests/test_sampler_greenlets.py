@@ -1314,3 +1314,94 @@ def test_the_c_switch_hook_does_what_its_python_twin_does():
     # first switch, each greenlet's first run, the first switch away from it), the
     # rest in C
     assert 0 < slow <= 5, slow
+
+
+def _handler_first_turn() -> None:
+    spin(0.003)
+
+
+def _handler_last_turn() -> None:
+    spin(0.02)  # (read at 1 ms however loaded the machine)
+
+
+def _between_turns() -> None:
+    spin(0.002)
+
+
+def _client_turn() -> None:
+    spin(0.004)
+
+
+@pytest.mark.engines("native")
+def test_a_stack_read_before_a_switch_and_timed_after_it_is_filed_under_the_greenlet_read(monkeypatch):
+    """The engine's thread reads a stack, then its clock; where it loses its core in
+    between, greenlets switched to after the read run before the sample's time, and
+    their turns are filed before it (from the switch log). The greenlet of the stack
+    is the one in force while it was read, from the read's own start on: looked up
+    from the thread's last filing, which those turns move on, a server handler's
+    stack read as it switched away was filed under the client that ran after it, the
+    handler having ended (1 run in 3 of the spawn-tree test on 3.10, in CI). Made to
+    happen here: the handler's last stack read is timed in the client's turn, after
+    the main greenlet's."""
+    from sampler import native_engine
+    from sampler.greenlets import record_of, switch_log
+
+    monkeypatch.setattr(native_engine, "REFRESH_STATIC", 30.0)  # (all filed at the stop)
+    file = native_engine.NativeCollector._file
+    me = threading.get_ident()
+    moved = []
+
+    def timed_late(self, samples, codes):
+        log = switch_log(me)
+        hrec, crec = record_of(handler), record_of(client)
+        last = max(i for i, entry in enumerate(log) if entry[1] is hrec)
+        ended_ns = log[last + 1][0]
+        client_ns, client_cpu_ns = next(entry[0::2] for entry in log if entry[1] is crec)
+        mine = [k for k, s in enumerate(samples) if self._slots[s[0]].ident == me]
+        read, read_base = None, 0  # (the last read of the handler's last turn)
+        for k in mine:
+            if samples[k][6] is not None:  # (else no stack, or SAME: the one before read again)
+                read_base = samples[k][5]
+            if (read_base == hrec.base and log[last][0] < samples[k][3] < ended_ns
+                    and (samples[k][6] is not None or samples[k][1] & native_engine.SAME)):
+                read = k
+        if read is None:  # (asserted below)
+            return file(self, samples, codes)
+        late_ns = client_ns + 100_000
+        number, flags, read_ns, wall_ns, cpu_ns, base, raw, marks = samples[read]
+        samples[read] = (number, flags, read_ns, late_ns, client_cpu_ns + 100_000, base, raw, marks)
+        moved.append(samples[read])
+        dropped = {k for k in mine if wall_ns < samples[k][3] <= late_ns and k != read}
+        return file(self, [s for k, s in enumerate(samples) if k not in dropped], codes)
+
+    monkeypatch.setattr(native_engine.NativeCollector, "_file", timed_late)
+
+    def handle() -> None:
+        _handler_first_turn()
+        main.switch()
+        _handler_last_turn()
+
+    def serve() -> None:
+        _client_turn()
+
+    main = greenlet.getcurrent()
+    ctl = create_sampler(threading.current_thread(), 0.001)
+    handler, client = greenlet.greenlet(handle), greenlet.greenlet(serve)
+    _between_turns()  # (places of the main greenlet's, where its turns are filed)
+    handler.switch()
+    _between_turns()
+    handler.switch()  # its last turn, then it ends
+    _between_turns()
+    client.switch()
+    assert handler.dead and client.dead
+    ctl.stop()
+    assert moved, "no sample of the handler's last turn to time late"
+    snaps = ctl.get_snapshots()
+
+    def filed_under(run: str) -> set:  # (the contexts of the stacks of greenlet ``run``)
+        return {snaps.sample_thread[i] for i, sid in enumerate(snaps.sample_stack)
+                if sid and snaps.stack_frames(sid)[-1].name.rsplit(".", 1)[-1] == run}
+
+    handler_ids, client_ids = filed_under("handle"), filed_under("serve")
+    assert len(handler_ids) == len(client_ids) == 1 and handler_ids != client_ids, \
+        [snaps.threads[i] for i in handler_ids | client_ids]

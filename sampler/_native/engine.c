@@ -59,6 +59,8 @@ typedef struct {
     uint32_t ctx;
     uint32_t flags;
     uint32_t nframes;
+    int64_t read_ns;   /* when its read began: the stack is no older (a greenlet is
+                        * told by the switches logged from then to wall_ns) */
     int64_t wall_ns;
     int64_t cpu_ns;
     uint64_t base;     /* the outermost frame's address */
@@ -807,9 +809,9 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
 /* A sample's time is read per target, when its walk has ended, not once per tick: on
  * a busy machine this thread can lose its core for milliseconds anywhere in a tick
  * (seen: 6 ms between the tick's clock and a walk), and a stack must be placed no
- * earlier than it was read: greenlets are told apart by the switches logged up to
- * that time (sampler/greenlets.py: the greenlet that ran last by then, whose frames
- * the stack starts with). */
+ * earlier than it was read: greenlets are told apart by the switches logged from
+ * the time the read began (read_ns) to the time it ended (wall_ns): the greenlet in
+ * force then whose frames the stack starts with (sampler/greenlets.py). */
 static void sample_target(Engine *e, ss_target *t) {
     int64_t cpu = 0;
     if (t->gone) return;
@@ -822,7 +824,7 @@ static void sample_target(Engine *e, ss_target *t) {
         flush_held(e, t);
         return;
     }
-    ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, cpu, 0, 0, 0};
+    ss_record rec = {SS_TAG_SAMPLE, t->ctx, 0, 0, wall, wall, cpu, 0, 0, 0};
     if (t->has_clock && t->has_last && cpu == t->last_cpu) {
         /* (not having run, it holds the GIL as it did then: see PARKED below) */
         if (t->held_gil && wall >= __atomic_load_n(&e->feeder_due_ns, __ATOMIC_RELAXED)) t->handed_over = 1;
@@ -1541,7 +1543,8 @@ static PyObject *unpack_sample(const char *p, const ss_record *rec) {
         }
         PyTuple_SET_ITEM(marks, i, v);
     }
-    return Py_BuildValue("(IILLKNN)", rec->ctx, rec->flags, (long long)rec->wall_ns, (long long)rec->cpu_ns,
+    return Py_BuildValue("(IILLLKNN)", rec->ctx, rec->flags, (long long)rec->read_ns, (long long)rec->wall_ns,
+                         (long long)rec->cpu_ns,
                          (unsigned long long)rec->base, frames, marks);
 }
 
@@ -1552,7 +1555,7 @@ static PyObject *unpack_code(const char *p, const ss_code_record *rec) {
                          p + rec->name_bytes + rec->file_bytes, (Py_ssize_t)rec->table_bytes);
 }
 
-/* drain() -> (samples, codes): samples as (ctx, flags, wall_ns, cpu_ns, base, frames
+/* drain() -> (samples, codes): samples as (ctx, flags, read_ns, wall_ns, cpu_ns, base, frames
  * bytes or None, marks tuple); codes as (address, fingerprint, firstlineno,
  * code_bytes, name_kind, name, file_kind, file, line_table). */
 static PyObject *Engine_drain(Engine *e, PyObject *unused) {
