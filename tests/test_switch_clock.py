@@ -122,8 +122,9 @@ def _times_scheduled() -> int:
     return usage.ru_nvcsw + usage.ru_nivcsw
 
 
-def _check(run: dict) -> None:
-    """The log against the truth (see the module docstring)."""
+def _check(run: dict, naps_unseen: int = 0) -> None:
+    """The log against the truth (see the module docstring); ``naps_unseen``: how
+    many of the naps may be charged as CPU (by the lock alone: see its test)."""
     cpus = run["cpus"]
     assert cpus == sorted(cpus), "the logged CPU clock went back"
     assert run["cpu_before"] - 1_000_000 <= cpus[0] and cpus[-1] <= run["cpu_after"] + 1_000_000
@@ -131,12 +132,13 @@ def _check(run: dict) -> None:
     # (entry 0 opens the worker's turn 0, entry 1 the main greenlet's turn 0, ...; its
     # last turn is not closed)
     assert len(worker) == len(run["truth"]["worker"]) and len(main) == len(run["truth"]["main"]) - 1
-    for n in run["napped"][:-1]:
-        # a turn that slept 2 ms was charged its CPU (its compute, the sleep's system
-        # call), not its wall time: within 1 ms of its own clock. (Not under 1 ms
-        # whatever it did: a first turn in a child under seccomp used 4.95 ms of CPU
-        # by its own clock, and 4.96 were logged, in a full run of the tests.)
-        assert main[n] < run["truth"]["main"][n] + NAP * 1e9 / 2, (n, main[n], run["truth"]["main"][n])
+    # a turn that slept 2 ms was charged its CPU (its compute, the sleep's system
+    # call), not its wall time: within 1 ms of its own clock. (Not under 1 ms
+    # whatever it did: a first turn in a child under seccomp used 4.95 ms of CPU by
+    # its own clock, and 4.96 were logged, in a full run of the tests.)
+    unseen = [(n, main[n], run["truth"]["main"][n]) for n in run["napped"][:-1]
+              if main[n] >= run["truth"]["main"][n] + NAP * 1e9 / 2]
+    assert len(unseen) <= naps_unseen, unseen
     for name in ("worker", "main"):
         logged, true = sum(run["logged"][name]), sum(run["truth"][name][:len(run["logged"][name])])
         # each turn also carries a switch (greenlet's work and the hook's): a few us
@@ -176,9 +178,11 @@ def test_the_clock_estimated_between_reschedulings_agrees_with_the_truth():
 
 def test_the_page_lock_alone_tells_a_turn_that_slept():
     """With no limit on the wall time between readings, the naps are seen by the
-    page's lock alone: the kernel bumped it when the thread came back on its CPU."""
+    page's lock alone, nearly all: the kernel bumped it when the thread came back on
+    its CPU. (Not every time: in a CI run on 3.13 one nap of 24 was missed, and its
+    2 ms charged as CPU; the limits this run lifts read any turn over 100 us.)"""
     run = _estimated_run(lock_only=True)
-    _check(run)
+    _check(run, naps_unseen=1)
     # read only after the thread was put back on a CPU (each nap, each preemption),
     # once for each such time at most: every other switch is estimated
     assert len(run["napped"]) <= run["reads"] <= run["scheduled"] + 1, run
