@@ -44,7 +44,8 @@
 #define SS_CHUNK_COPY_MAX (1 << 20)  /* bytes of one data-stack chunk copied at once */
 #define SS_CHUNK_SLACK 2048          /* bytes past the last walk's use read with the state (walk) */
 #define SS_ASLEEP_MEMORY 8           /* samples a thread is asked whether it sleeps after it last did */
-#define SS_CODE_CACHE 8192           /* code fingerprints remembered per drain epoch */
+#define SS_CODE_CACHE 8192           /* code fingerprints remembered within a period */
+#define SS_CODE_FRESH_NS 10000000LL  /* 10 ms: code fingerprints are read again after at most this */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 #define SS_THREAD_WAKE_GAP 20000000  /* ns: the feeder is woken for new threads at most this often */
@@ -171,6 +172,7 @@ typedef struct {
     /* output */
     ss_buffer active, spare;
     uint32_t epoch;
+    uint32_t code_epoch;       /* collector-only: the period of SS_CODE_FRESH_NS the tick is in */
     /* statistics */
     uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
     uint64_t sleep_asks;       /* reads of a thread's state from /proc (task_state) */
@@ -269,9 +271,15 @@ static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *wind
     }
 }
 
-/* The fingerprint of the code object at `code`, read once per drain epoch (a code
- * object freed and another made at its address within one epoch keeps the first
- * one's identity until the next); 0 when it is not a readable code object. Sets
+/* The fingerprint of the code object at `code`, read once per period of
+ * SS_CODE_FRESH_NS (code_epoch): a code object freed and another made at its address
+ * keeps the first one's identity until the period ends, 10 ms at most. (Read once per
+ * drain, up to 250 ms, a program's first function called after its imports was named
+ * after a module whose code, run and freed just before, had had its address: the CLI
+ * test of a script exiting non-zero, 3 runs in 4 on 3.10 in CI's venv, its whole run
+ * misnamed. Read once per tick, a stack of 40 functions cost the collector 40 reads a
+ * walk, 120 us a tick for 50; one system call reading them all would make that
+ * exact.) 0 when it is not a readable code object. Sets
  * *framesize (when not NULL) to the words its frames take on the data stack, and
  * *code_bytes (likewise) to its bytecode's length (0: unknown). */
 static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uint32_t *code_bytes) {
@@ -282,12 +290,12 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uin
     ss_code_slot *slot = NULL;
     for (int probe = 0; probe < 8; probe++) {
         ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
-        if (s->epoch == e->epoch && s->addr == code) {
+        if (s->epoch == e->code_epoch && s->addr == code) {
             if (framesize) *framesize = s->framesize;
             if (code_bytes) *code_bytes = s->code_bytes;
             return s->fingerprint;
         }
-        if (s->epoch != e->epoch) {
+        if (s->epoch != e->code_epoch) {
             slot = s;
             break;
         }
@@ -307,7 +315,7 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uin
         slot->fingerprint = fp;
         slot->framesize = size;
         slot->code_bytes = nbytes;
-        slot->epoch = e->epoch;
+        slot->epoch = e->code_epoch;
     }
     if (framesize) *framesize = size;
     if (code_bytes) *code_bytes = nbytes;
@@ -1004,6 +1012,9 @@ static int is_target(Engine *e, uintptr_t tstate) {
  * started: three threads started every 90 ms lost 2.6% of their time at 5 ms, the
  * same three kept running 1.0%; now both about 0.3%. */
 static void tick(Engine *e) {
+    /* (the code fingerprints' period: all are read again at its turn, see code_identity) */
+    uint32_t period = (uint32_t)(mono_ns() / SS_CODE_FRESH_NS) + 1;
+    e->code_epoch = period ? period : 1;
     take_pending(e);
     for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i]);
     e->ticks++;
@@ -1231,6 +1242,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         return -1;
     }
     e->epoch = 1;
+    e->code_epoch = 1;
     e->interp = PyInterpreterState_Get();
     ss_reader_init(&e->reader);
     ss_reader_use(&e->reader, way);
