@@ -867,7 +867,7 @@ class NativeCollector(Steering):
                 if ran is not None:
                     ran_until = min(wall_us, slot.last_wall_us + (cpu_us - slot.last_cpu_us))
                     self._file_sample(slot, *ran[:3], ran_until, cpu_us, greenlet=ran[3])
-            running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us, switched, current)
+            running = self._file_sample(slot, sid, base, mid, wall_us, cpu_us, switched, current, looked_up=True)
             if asleep:
                 _remember(slot.slept_in, raw, SLEEP_PLACES)
             # (what _file_turns draws from: kept once the thread switches greenlets)
@@ -1203,7 +1203,8 @@ class NativeCollector(Steering):
         return _CollectionStart(began_us, max(cpu_us - spent_us, 0), stack)
 
     def _file_sample(self, slot: _Slot, sid: int, base: int, mid: int, wall_us: int, cpu_us: int,
-                     switched: bool = False, greenlet: Any = None, run: bool = False) -> Any:
+                     switched: bool = False, greenlet: Any = None, run: bool = False,
+                     looked_up: bool = False) -> Any:
         """One sample of the OS thread of ``slot``: under the thread, if tracked, and
         under the tracked greenlet whose outermost frame it shows; the record of the
         greenlet it showed (``None``: not known). ``switched``: the thread switched
@@ -1212,12 +1213,14 @@ class NativeCollector(Steering):
         else found from the switch log and ``base``: a greenlet started since may
         have the frame memory, and so the outermost frame's address, of one ended.
         ``run``: filed as a run there from the last sample (``Recorder.append_run``:
-        a sample with no CPU at the last sample's clocks first)."""
+        a sample with no CPU at the last sample's clocks first). ``looked_up``:
+        ``greenlet`` is the answer of the lookup, ``None`` included (a thread with
+        no greenlets: not looked up twice)."""
         recorder = self.recorder
         since_us, since_cpu_us = slot.last_wall_us, slot.last_cpu_us  # (read after the last sample)
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
         slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
-        running = greenlet if greenlet is not None else self._greenlet_at(slot, base, wall_us, since_us)
+        running = greenlet if greenlet is not None or looked_up else self._greenlet_at(slot, base, wall_us, since_us)
         at_us, at_cpu_us = (since_us, since_cpu_us) if run else (wall_us, cpu_us)
         if slot.thread is not None:
             ctx = recorder.context(slot.thread, None, at_us, at_cpu_us)
