@@ -1086,6 +1086,37 @@ def test_the_collector_wakes_the_feeder_for_a_new_thread_and_for_a_buffer_half_f
 
 
 @pytest.mark.engines("native")
+def test_a_thread_the_list_names_before_it_announces_itself_is_read_once_a_tick():
+    """A thread started while a sampler tracks it announces itself from its own run,
+    to be read from the next tick on; the feeder's list of threads can name it
+    first, as soon as it is running Python. Taken in again from the announcement,
+    it was read twice at every tick until the next list (63 walks more than the 401
+    ticks of a 1.6 s run, a thread started just after its sampler). Here the list
+    names it first on purpose."""
+    work = threading.Thread(target=spin, args=(0.3,))
+    ctl = sampler.create_sampler(work, 0.001)
+    collector = ctl._collector
+    deadline = time.monotonic() + 10
+    while not getattr(work, "_stackshot_announces", False) and time.monotonic() < deadline:
+        time.sleep(0.001)  # (the feeder's first turn makes the thread announce itself)
+    announcing, named = work.run, threading.Event()
+
+    def named_first() -> None:
+        named.wait()
+        announcing()
+
+    work.run = named_first  # type: ignore[method-assign]
+    work.start()
+    collector._refresh_targets()  # (running Python, in named.wait: the list names it)
+    named.set()
+    work.join()
+    ctl.stop()
+    counts = collector._engine.stats()
+    assert counts["walks"] > 100, counts
+    assert counts["walks"] <= counts["ticks"], counts
+
+
+@pytest.mark.engines("native")
 def test_a_thread_that_does_not_run_is_filed_once_per_stretch_with_all_its_time():
     """A thread that does not run between ticks is not filed at each of them: its
     stack and CPU clock are those of its last sample, so the C thread keeps back only
