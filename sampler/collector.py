@@ -3,7 +3,11 @@
 Racket's sampler sleeps ``delay`` after each snapshot, so every tick's own cost and
 every late wake-up push the next one back.  Here ticks are scheduled against
 absolute deadlines: a tick that runs late is counted, and deadlines that passed
-entirely are counted as missed and skipped, never caught up with a burst.
+entirely are counted as missed and skipped, never caught up with a burst.  Time is
+cut into slots of ``delay`` and each tick falls at a point drawn at random in its
+slot (as the native engine's, ``tick_offset`` in ``_native/engine.c``): ticks a fixed
+``delay`` apart lock onto a program that repeats at a fixed period and see the same
+few points of it every time.
 
 The collector is a real OS thread (also under gevent), waits on a real lock so that
 the controller can wake it at once (pause, resume, stop), and never lets an exception
@@ -12,6 +16,7 @@ escape into the program: each is recorded and reported through the controller.
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 import traceback
@@ -164,19 +169,23 @@ class Collector(Steering):
             self._ended()
 
     def _loop(self) -> None:
-        deadline: Optional[float] = None
+        # slot: where the current slot of `delay` begins (None: a new run of ticks,
+        # its first tick at once); deadline: the tick's point in it, drawn
+        slot: Optional[float] = None
+        deadline = 0.0
+        offset = random.Random().random  # (the point in each slot, see tick_offset)
         perf_counter = time.perf_counter
         while True:
             if self.stopped:
                 return
             if self._pauses:
                 self._wake.acquire()
-                deadline = None
+                slot = None
                 continue
             delay, tracker = self.delay, self.tracker
             now = perf_counter()
-            if deadline is None:
-                deadline = now
+            if slot is None:
+                slot = deadline = now
             elif now < deadline:
                 wait = deadline - now
                 if wait <= _SHORT_WAIT:
@@ -194,10 +203,11 @@ class Collector(Steering):
                 if lateness >= delay:
                     skipped = int(lateness // delay)
                     self.missed_ticks += skipped
-                    deadline += skipped * delay
+                    slot += skipped * delay
             self._tick(tracker, now)
             self.ticks += 1
-            deadline += delay
+            slot += delay
+            deadline = slot + delay * offset() if delay > 0 else slot
             if delay <= 0:
                 realthreads.sleep(0)  # let the program run between back-to-back ticks
 
