@@ -115,14 +115,16 @@ def _stacks_start_at_bootstrap(snaps: sampler.Snapshots) -> sampler.Snapshots:
     ['release', 'run', 'run_and_announce', 'run', 'serve', 'handle', ...]).
     Except a WeakSet's callback, run with no other frame as the thread ends and its
     thread object dies (threading keeps its threads in one)."""
-    bad = []
-    for sid in set(snaps.sample_stack):
+    bad = {}
+    for tid, sid in zip(snaps.sample_thread, snaps.sample_stack):
         frames = snaps.stack_frames(sid) if sid else ()
         names = [f.name.rpartition(".")[2] for f in frames]
         if (names and names[0] != "<gc>" and names[-1] != "_bootstrap"
                 and not (len(frames) == 1 and frames[0].filename.endswith("_weakrefset.py"))):
-            bad.append(names)
-    assert not bad, f"{len(bad)} stacks not started at _bootstrap: {bad[:3]}"
+            bad.setdefault(sid, (names, set()))[1].add(snaps.threads[tid][:4])
+    # (with the threads they were filed under: their names and ids say whether a
+    # thread not of the group, got a member's ident after it ended, was read as it)
+    assert not bad, f"{len(bad)} stacks not started at _bootstrap: {list(bad.values())[:3]}"
     return snaps
 
 

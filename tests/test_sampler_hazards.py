@@ -224,7 +224,8 @@ def test_generated_code_is_not_kept_alive_by_the_sampler():
         # distinct stack's key now and then) are the profile itself; keeping the code
         # would grow by about `keeping`
         print("alive", alive == 0, "samples", new_samples > 100,
-              "bounded", growth - 64 * new_samples < keeping / 4, growth, keeping, new_samples)
+              "bounded", growth - 64 * new_samples < keeping / 4, growth, keeping, new_samples,
+              "alive:", alive, "of", len(refs))
     """)
     assert out.split()[:6] == ["alive", "True", "samples", "True", "bounded", "True"], out
 
