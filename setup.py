@@ -25,7 +25,8 @@ EXTENSIONS = [
                          "sampler/_native/gchook.h", "sampler/_native/gilholder.h",
                          "sampler/_native/threadwatch.h", "sampler/_native/switching.h",
                          "sampler/_native/switchhook.h", "sampler/_native/switchclock.h",
-                         "sampler/_native/nsclock.h", "sampler/_native/turnmerge.h"]),
+                         "sampler/_native/nsclock.h", "sampler/_native/turnmerge.h",
+                         "sampler/_native/codewatch.h"]),
     ("sampler._memprof", ["sampler/_memprof/memprof.c", "sampler/_native/pyframes.h",
                           "sampler/_native/saferead.h"]),
 ]

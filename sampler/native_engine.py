@@ -535,6 +535,9 @@ class NativeCollector(Steering):
             # how the collector read this process's memory ("process_vm_readv", or
             # "/proc/self/mem" where a seccomp profile refuses the system call)
             "read_via": stats.get("read_via", ""),
+            # whether it hears of code objects' ends (False: a function made where a
+            # freed one was can carry its name for up to 10 ms: codewatch.h)
+            "code_watch": bool(stats.get("code_watch", 0)),
         }
 
     @property

@@ -988,7 +988,7 @@ def test_a_walk_of_a_computing_thread_costs_one_read_and_no_look_at_its_state():
     snaps = ctl.get_snapshots()
     frames = max(len(snaps.stack_frames(sid)) for sid in snaps.sample_stack if sid)
     # (and each code object met is read again once every 10 ms, SS_CODE_FRESH_NS in
-    # engine.c: one freed and another made at its address is told apart then)
+    # engine.c, and when the collector heard it was freed: codewatch.h)
     codes = len({(f.name, f.filename) for sid in set(snaps.sample_stack) if sid for f in snaps.stack_frames(sid)})
     refreshes = codes * (elapsed / 0.010 + 1)
     # (3.10: a read for each frame object, the top one's with the state)

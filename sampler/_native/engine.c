@@ -11,12 +11,14 @@
  * Samples go into the active one of two bounded buffers; `drain()` (called from
  * Python, with the GIL) swaps them and turns the full one into Python values. A
  * full buffer drops samples and counts them: memory stays bounded however long
- * Python takes to drain. Code objects are recorded as addresses with a fingerprint;
- * `code_at()` turns one back into the code object under the GIL, only if the object
- * at that address is still a live code object with the same fingerprint.
+ * Python takes to drain. Code objects are recorded as addresses with a fingerprint,
+ * and the names, file and line table of each (address, fingerprint) are copied into
+ * the buffer once, for Python to resolve the samples' frames with; the collector
+ * hears which code objects were freed (codewatch.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include "pyframes.h"
+#include "codewatch.h"
 #include "nsclock.h"
 #include "markstacks.h"
 #include "shadowstacks.h"
@@ -48,6 +50,10 @@
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered within a period */
 #define SS_CODE_FRESH_NS 10000000LL  /* 10 ms: code fingerprints are read again after at most this */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
+#define SS_CODE_GENERATIONS 4096     /* addresses' generations (codes freed there), hashed */
+#define SS_SLOW_WALK_NS 50000        /* a walk's reads took longer (plus per frame below): */
+#define SS_SLOW_WALK_FRAME_NS 2000   /* its callers are read again (callers_still_there) */
+#define SS_CALLERS_CHECKED 64        /* callers read again one by one, at most */
 #define SS_DEFAULT_BUFFER (8 << 20)  /* bytes per sample buffer (two of them) */
 #define SS_THREAD_WAKE_GAP 20000000  /* ns: the feeder is woken for new threads at most this often */
 
@@ -174,6 +180,16 @@ typedef struct {
     ss_buffer active, spare;
     uint32_t epoch;
     uint32_t code_epoch;       /* collector-only: the period of SS_CODE_FRESH_NS the tick is in */
+    int watching_codes;        /* the code watcher tells which addresses were freed */
+    uint64_t dead_seen;        /* collector-only: how far it read the watcher's ring */
+    uint32_t *code_generations;  /* collector-only: code objects freed at addresses, hashed */
+    uint32_t code_generation;  /* collector-only: times it forgot every address */
+    uint64_t codes_forgotten;  /* code objects freed while it remembered them */
+    uint64_t slow_walks_torn;  /* walks held up whose callers ran other code when read again */
+    uint64_t walk_dead_from;   /* collector-only: the ring's head as the walk began ... */
+    int walk_depth;            /* ... its frames (e->frames) ... */
+    int walk_lost_code;        /* ... and whether one's code was freed since (forget_code) */
+    uint64_t walks_lost_code;  /* walks read again for that */
     /* statistics */
     uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
     uint64_t sleep_asks;       /* reads of a thread's state from /proc (task_state) */
@@ -272,21 +288,83 @@ static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *wind
     }
 }
 
-/* The fingerprint of the code object at `code`, read once per period of
- * SS_CODE_FRESH_NS (code_epoch): a code object freed and another made at its address
- * keeps the first one's identity until the period ends, 10 ms at most. (Read once per
- * drain, up to 250 ms, a program's first function called after its imports was named
- * after a module whose code, run and freed just before, had had its address: the CLI
- * test of a script exiting non-zero, 3 runs in 4 on 3.10 in CI's venv, its whole run
- * misnamed. Read once per tick, a stack of 40 functions cost the collector 40 reads a
- * walk, 120 us a tick for 50; one system call reading them all would make that
- * exact.) 0 when it is not a readable code object. Sets
+/* Forget what was read and sent of the code object that was at `code`: it was freed
+ * (codewatch.h). Every slot holding it goes (a chain cut short only reads or sends
+ * some other code object again), and the address begins a new generation: the next
+ * code object there gets another identity even where it agrees with this one in
+ * every fingerprinted field (see code_identity). */
+static void forget_code(void *arg, uintptr_t code, uint64_t index) {
+    Engine *e = arg;
+    size_t h = code_hash(code);
+    int held = 0;
+    if (index >= e->walk_dead_from)  /* (freed since the walk being looked up began) */
+        for (int i = 0; i < e->walk_depth && !e->walk_lost_code; i++)
+            e->walk_lost_code = e->frames[i].code == code;
+    e->code_generations[h & (SS_CODE_GENERATIONS - 1)]++;
+    for (int probe = 0; probe < 8; probe++) {
+        ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
+        if (s->addr == code && s->epoch != 0) {
+            s->epoch = 0;
+            held = 1;
+        }
+    }
+    for (int probe = 0; probe < 16; probe++) {
+        ss_copied_slot *s = &e->copied[(h + probe) & (SS_COPIED - 1)];
+        if (s->addr == code) {
+            s->addr = 0;
+            s->fingerprint = 0;
+            held = 1;
+        }
+    }
+    e->codes_forgotten += held;
+}
+
+/* Forget every code object read and sent (the watcher's ring went round unread):
+ * every address begins a new generation. */
+static void forget_all_codes(Engine *e) {
+    memset(e->codes, 0, sizeof(ss_code_slot) * SS_CODE_CACHE);  /* (epoch 0: none) */
+    memset(e->copied, 0, sizeof(ss_copied_slot) * SS_COPIED);
+    e->code_generation++;
+}
+
+/* The identity of the code object at `code` whose fields' fingerprint is fp: with the
+ * watcher, fp mixed with the address's generation, so that two code objects one after
+ * the other at an address never share one. (Two that agree in every field, one made
+ * where the other was, e.g. with code.replace: the second's names, sent again, came
+ * to Python under the first one's identity, and Python, which learns a drain's
+ * copies before its samples, named the first one's samples of that drain after the
+ * second, or, its frames made already, the second after the first.) */
+static uint32_t with_generation(Engine *e, uintptr_t code, uint32_t fp) {
+    if (fp == 0 || !e->watching_codes) return fp;
+    uint64_t h = (uint64_t)fp * 0x9E3779B97F4A7C15ULL;
+    h ^= (uint64_t)e->code_generations[code_hash(code) & (SS_CODE_GENERATIONS - 1)] * 0xC2B2AE3D27D4EB4FULL;
+    h ^= (uint64_t)e->code_generation * 0x165667B19E3779F9ULL;
+    uint32_t id = (uint32_t)(h ^ (h >> 32));
+    return id ? id : 1;
+}
+
+/* The identity of the code object at `code` (its fingerprint, with the address's
+ * generation), read once per period of SS_CODE_FRESH_NS (code_epoch) and whenever
+ * the collector heard that the object there was freed (codewatch.h), so each address
+ * is named by the object there when its stack was read. (The period still matters
+ * with the watcher: a torn walk can name an address where a code object is being
+ * made, and the read then mixes its fields with the freed one's; read again, the
+ * identity comes right within 10 ms. Without the watcher, 3.12+ with none left to
+ * take, a code object made where a freed one was keeps that one's identity until the
+ * period ends: read once per drain instead, up to 250 ms, a program's first function
+ * called after its imports was named after a module whose code, run and freed just
+ * before, had had its address, its whole run misnamed (the CLI test of a script
+ * exiting non-zero, 3 runs in 4 on 3.10 in CI's venv); read once per tick, a stack
+ * of 40 functions cost the collector 40 reads a walk, 120 us a tick for 50.)
+ * 0 when it is not a readable code object. Sets
  * *framesize (when not NULL) to the words its frames take on the data stack, and
  * *code_bytes (likewise) to its bytecode's length (0: unknown). */
 static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uint32_t *code_bytes) {
     if (framesize) *framesize = 0;
     if (code_bytes) *code_bytes = 0;
     if (code == 0) return 0;
+    /* (after the stack was read: see codewatch.h) */
+    if (e->watching_codes && ss_dead_codes(&e->dead_seen, forget_code, e)) forget_all_codes(e);
     size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
     ss_code_slot *slot = NULL;
     for (int probe = 0; probe < 8; probe++) {
@@ -305,7 +383,7 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uin
     uint32_t fp = 0;
     int32_t size = 0;
     uint32_t nbytes = 0;
-    if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = ss_code_fingerprint(window);
+    if (ss_read(&e->reader, window, code, sizeof window) == 0) fp = with_generation(e, code, ss_code_fingerprint(window));
     if (fp) {
         size = ss_code_framesize(window);
         nbytes = ss_code_nbytes(window);
@@ -435,11 +513,56 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
     return 1;
 }
 
+/* Whether the callers of a walk whose reads were held up still run the code they were
+ * read with. A copy is not atomic: the kernel copies a chunk from its low end (the
+ * outermost frames) up, and a collector preempted in the middle of it (or between
+ * two reads, 3.10) reads the callers at one moment and the frames above at a later
+ * one. A caller that returned in between and another function called at its
+ * address, of the very frame size, is not told by walk_is_one_moment: two functions
+ * taking turns from one loop, made to the same shape, had a sample in 25 test runs
+ * of ~900 walks filed as one calling the other's callee (one of them under
+ * ['omega', 'run_alpha'], with 74 ticks late that run). Read again now, such a
+ * caller runs other code. The frames in the current chunk are read in one system
+ * call, the others one by one, up to SS_CALLERS_CHECKED of them. */
+static int callers_still_there(Engine *e, const ss_regions *r, int depth) {
+    char own[SS_FRAME_SIZE];
+    uintptr_t lo = 0, hi = 0;
+#if PY_VERSION_HEX >= 0x030B0000
+    for (int i = 1; i < depth; i++) {
+        uintptr_t a = e->addrs[i];
+        if (!within(a, SS_FRAME_SIZE, r->lo, r->hi)) continue;
+        if (lo == 0 || a < lo) lo = a;
+        if (a + SS_FRAME_SIZE > hi) hi = a + SS_FRAME_SIZE;
+    }
+    if (lo != 0 && (hi - lo > SS_CHUNK_COPY_MAX || ss_read(&e->reader, e->older_copy, lo, hi - lo) != 0)) return 0;
+#else
+    (void)r;
+#endif
+    int alone = 0;
+    for (int i = 1; i < depth; i++) {
+        uintptr_t a = e->addrs[i];
+        const char *bytes;
+        if (lo != 0 && a >= lo && a + SS_FRAME_SIZE <= hi) {
+            bytes = e->older_copy + (a - lo);
+        } else {
+            if (++alone > SS_CALLERS_CHECKED) continue;
+            if (ss_read(&e->reader, own, a, sizeof own) != 0) return 0;
+            bytes = own;
+        }
+        ss_frame f;
+        ss_decode_frame(bytes, a, &f);
+        if (f.code != e->frames[i].code) return 0;
+    }
+    return 1;
+}
+
 /* Read the stack of target t into e->frames (innermost first). Returns the depth; -1
  * when the thread state could not be read or is no longer the thread's; -2 when the
  * stack changed under the walk (the caller reads again). Sets *base to the outermost
  * frame's address and *flags. */
 static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
+    int64_t began = mono_ns();
+    uint64_t dead_before = e->watching_codes ? ss_dead_count() : 0;
     /* One system call reads, in this order: where the top frame is (the sample's
      * moment: ss_top_field), the thread state, and (3.11+) the data-stack chunk that
      * was current at the last walk, as far as it was used then and a little further
@@ -593,6 +716,28 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             *base = addr;
         }
         addr = f.previous;
+    }
+    if (mono_ns() - began > SS_SLOW_WALK_NS + (int64_t)steps * SS_SLOW_WALK_FRAME_NS
+        && !callers_still_there(e, &r, depth)) {
+        e->slow_walks_torn++;
+        return -2;
+    }
+    /* Code objects freed since the walk began: one of the walk's, and the object now
+     * at its address is not the one the walk saw (codewatch.h): read again. */
+    if (e->watching_codes) {
+        e->walk_dead_from = dead_before;
+        e->walk_depth = depth;
+        e->walk_lost_code = 0;
+        if (ss_dead_codes(&e->dead_seen, forget_code, e)) {
+            forget_all_codes(e);
+            e->walk_lost_code = 1;  /* (which were freed is not known) */
+        }
+        e->walk_dead_from = UINT64_MAX;
+        e->walk_depth = 0;
+        if (e->walk_lost_code) {
+            e->walks_lost_code++;
+            return -2;
+        }
     }
     /* The top is not read again to see whether it changed while the rest was read:
      * a walk thrown away for that is read again a few microseconds later, so a
@@ -1196,6 +1341,7 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->older_copy);
     PyMem_RawFree(e->codes);
     PyMem_RawFree(e->copied);
+    PyMem_RawFree(e->code_generations);
     PyMem_RawFree(e->name_copy);
     PyMem_RawFree(e->file_copy);
     PyMem_RawFree(e->table_copy);
@@ -1214,6 +1360,7 @@ static void free_buffers(Engine *e) {
     e->older_copy = NULL;
     e->codes = NULL;
     e->copied = NULL;
+    e->code_generations = NULL;
     e->name_copy = e->file_copy = e->table_copy = NULL;
     e->targets = NULL;
 }
@@ -1258,11 +1405,12 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->older_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
     e->codes = PyMem_RawCalloc(SS_CODE_CACHE, sizeof(ss_code_slot));
     e->copied = PyMem_RawCalloc(SS_COPIED, sizeof(ss_copied_slot));
+    e->code_generations = PyMem_RawCalloc(SS_CODE_GENERATIONS, sizeof(uint32_t));
     e->name_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->file_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->table_copy = PyMem_RawMalloc(SS_TABLE_MAX);
     if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->framesizes || !e->marks_copy ||
-        !e->marks_out || !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->name_copy ||
+        !e->marks_out || !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->code_generations || !e->name_copy ||
         !e->file_copy || !e->table_copy) {
         free_buffers(e);
         PyErr_NoMemory();
@@ -1278,6 +1426,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_OSError, "cannot create the engine's lock");
         return -1;
     }
+    e->walk_dead_from = UINT64_MAX;
+    e->watching_codes = ss_code_watch_start(&e->dead_seen);
     return 0;
 }
 
@@ -1672,11 +1822,11 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     /* copied under the lock, turned into Python values after it: nothing that may
      * allocate (and so run a collection, and Python code) while the collector waits */
     LOCK(e);
-    unsigned long long n[15] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
+    unsigned long long n[18] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
                                 e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses,
                                 e->reader.calls, e->sleep_asks, e->walks_running, e->found_asleep,
-                                e->torn_reads};
-    int running = e->thread_running, short_slice = e->short_slice;
+                                e->torn_reads, e->codes_forgotten, e->slow_walks_torn, e->walks_lost_code};
+    int running = e->thread_running, short_slice = e->short_slice, code_watch = e->watching_codes;
     const char *read_via = e->reader.use_pread ? "/proc/self/mem" : "process_vm_readv";
     Py_ssize_t buffer_bytes = (Py_ssize_t)e->active.cap;
     double cpu = e->final_cpu;
@@ -1686,10 +1836,12 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisisnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
         "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
-        "walks_running", n[12], "found_asleep", n[13], "torn_reads", n[14], "running", running, "short_slice", short_slice,
+        "walks_running", n[12], "found_asleep", n[13], "torn_reads", n[14], "codes_forgotten", n[15],
+        "slow_walks_torn", n[16], "walks_lost_code", n[17],
+        "running", running, "short_slice", short_slice, "code_watch", code_watch,
         "buffer_bytes", buffer_bytes, "read_via", read_via);
     if (d == NULL) return NULL;
     PyObject *v = PyFloat_FromDouble(cpu);
@@ -1733,6 +1885,8 @@ static void Engine_dealloc(Engine *e) {
     }
     ss_reader_close(&e->reader);
     free_buffers(e);
+    if (e->watching_codes) ss_code_watch_stop();
+    e->watching_codes = 0;
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 

@@ -246,20 +246,25 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
 #define SS_CODE_WINDOW SS_MAX2(SS_CODE_WINDOW_END, SS_MAX2(offsetof(PyCodeObject, co_firstlineno) + sizeof(int), \
                                                        offsetof(PyCodeObject, co_argcount) + sizeof(int)))
 
-/* A 32-bit fingerprint of a code object from bytes copied at its address, or 0 when
- * the bytes are not a live code object. It ties a sampled address to the object that
- * was there: a code object freed and another allocated at the same address gets
- * another fingerprint unless it has the same name, file, first line and arguments. */
+/* A 32-bit fingerprint of a code object from bytes copied at its address (all of
+ * SS_CODE_FULL_WINDOW), or 0 when the bytes are not a live code object. It ties a
+ * sampled address to the object that was there: a code object freed and another
+ * allocated at the same address gets another fingerprint unless it has the same name,
+ * file, first line and arguments, and its line table is at the same address too (an
+ * edited function reloaded: same name, file and first line; the table tells its lines
+ * apart, unless it took the old table's memory as well: the collector hears of the old
+ * one's end, codewatch.h). */
 static inline uint32_t ss_code_fingerprint(const void *bytes) {
     if (SS_FIELD(bytes, PyObject, ob_type) != &PyCode_Type) return 0;
     Py_ssize_t rc = SS_FIELD(bytes, PyObject, ob_refcnt);
     if (rc <= 0 || ((uint64_t)rc > ((uint64_t)1 << 40) && (uint64_t)rc != 0xFFFFFFFFu)) return 0;
     uint64_t h = 1469598103934665603ULL;
-    uint64_t parts[4] = {(uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_name),
+    uint64_t parts[5] = {(uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_name),
                          (uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_filename),
                          (uint64_t)SS_FIELD(bytes, PyCodeObject, co_firstlineno),
-                         (uint64_t)SS_FIELD(bytes, PyCodeObject, co_argcount)};
-    for (int i = 0; i < 4; i++) {
+                         (uint64_t)SS_FIELD(bytes, PyCodeObject, co_argcount),
+                         (uint64_t)(uintptr_t)SS_FIELD(bytes, PyCodeObject, co_linetable)};
+    for (int i = 0; i < 5; i++) {
         h ^= parts[i];
         h *= 1099511628211ULL;
         h ^= h >> 29;
