@@ -48,7 +48,8 @@
 #define SS_CHUNK_SLACK 2048          /* bytes past the last walk's use read with the state (walk) */
 #define SS_ASLEEP_MEMORY 8           /* samples a thread is asked whether it sleeps after it last did */
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered within a period */
-#define SS_CODE_FRESH_NS 10000000LL  /* 10 ms: code fingerprints are read again after at most this */
+#define SS_CODE_FRESH_NS 10000000LL  /* 10 ms: code fingerprints are read again after at most this, */
+#define SS_CODE_FRESH_WATCHED_NS 100000000LL  /* 100 ms where the collector hears of their ends */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
 #define SS_CODE_GENERATIONS 4096     /* addresses' generations (codes freed there), hashed */
 #define SS_SLOW_WALK_NS 50000        /* a walk's reads took longer (plus per frame below): */
@@ -179,13 +180,15 @@ typedef struct {
     /* output */
     ss_buffer active, spare;
     uint32_t epoch;
-    uint32_t code_epoch;       /* collector-only: the period of SS_CODE_FRESH_NS the tick is in */
+    uint32_t code_epoch;       /* collector-only: the period of code_fresh_ns the tick is in */
+    int64_t code_fresh_ns;     /* how often code fingerprints are read again (code_identity) */
     int watching_codes;        /* the code watcher tells which addresses were freed */
     uint64_t dead_seen;        /* collector-only: how far it read the watcher's ring */
     uint32_t *code_generations;  /* collector-only: code objects freed at addresses, hashed */
     uint32_t code_generation;  /* collector-only: times it forgot every address */
     uint64_t codes_forgotten;  /* code objects freed while it remembered them */
-    uint64_t slow_walks_torn;  /* walks held up whose callers ran other code when read again */
+    uint64_t slow_walks;       /* walks held up, whose callers were read again */
+    uint64_t slow_walks_torn;  /* ... and ran other code then */
     uint64_t walk_dead_from;   /* collector-only: the ring's head as the walk began ... */
     int walk_depth;            /* ... its frames (e->frames) ... */
     int walk_lost_code;        /* ... and whether one's code was freed since (forget_code) */
@@ -327,6 +330,16 @@ static void forget_all_codes(Engine *e) {
     e->code_generation++;
 }
 
+/* Forget the code objects freed since the collector last heard (codewatch.h); all of
+ * them where the ring went round unread. While a walk's code objects are looked up
+ * (walk_depth), one of its own among them marks the walk lost (forget_code), and so
+ * does a ring gone round: which were freed is not known. */
+static void hear_of_freed_codes(Engine *e) {
+    if (!e->watching_codes || !ss_dead_codes(&e->dead_seen, forget_code, e)) return;
+    forget_all_codes(e);
+    if (e->walk_depth > 0) e->walk_lost_code = 1;
+}
+
 /* The identity of the code object at `code` whose fields' fingerprint is fp: with the
  * watcher, fp mixed with the address's generation, so that two code objects one after
  * the other at an address never share one. (Two that agree in every field, one made
@@ -344,18 +357,21 @@ static uint32_t with_generation(Engine *e, uintptr_t code, uint32_t fp) {
 }
 
 /* The identity of the code object at `code` (its fingerprint, with the address's
- * generation), read once per period of SS_CODE_FRESH_NS (code_epoch) and whenever
- * the collector heard that the object there was freed (codewatch.h), so each address
- * is named by the object there when its stack was read. (The period still matters
- * with the watcher: a torn walk can name an address where a code object is being
- * made, and the read then mixes its fields with the freed one's; read again, the
- * identity comes right within 10 ms. Without the watcher, 3.12+ with none left to
- * take, a code object made where a freed one was keeps that one's identity until the
- * period ends: read once per drain instead, up to 250 ms, a program's first function
- * called after its imports was named after a module whose code, run and freed just
- * before, had had its address, its whole run misnamed (the CLI test of a script
- * exiting non-zero, 3 runs in 4 on 3.10 in CI's venv); read once per tick, a stack
- * of 40 functions cost the collector 40 reads a walk, 120 us a tick for 50.)
+ * generation), read once per period of code_fresh_ns (code_epoch) and whenever the
+ * collector heard that the object there was freed (codewatch.h), so each address is
+ * named by the object there when its stack was read. (The period is longer with the
+ * watcher, 100 ms, and still matters: a torn walk can name an address where a code
+ * object is being made, and the read then mixes its fields with the freed one's;
+ * read again, the identity comes right within the period. At 10 ms a 5 ms sampler
+ * read every code object of its stacks again every other tick: 22.7 reads a tick
+ * for a stack of 40 functions, against 5.3 at 1 ms. Without the watcher, 3.12+ with
+ * none left to take, it is 10 ms: a code object made where a freed one was keeps that
+ * one's identity until the period ends: read once per drain instead, up to 250 ms, a
+ * program's first function called after its imports was named after a module whose
+ * code, run and freed just before, had had its address, its whole run misnamed (the
+ * CLI test of a script exiting non-zero, 3 runs in 4 on 3.10 in CI's venv); read once
+ * per tick, a stack of 40 functions cost the collector 40 reads a walk, 120 us a tick
+ * for 50.)
  * 0 when it is not a readable code object. Sets
  * *framesize (when not NULL) to the words its frames take on the data stack, and
  * *code_bytes (likewise) to its bytecode's length (0: unknown). */
@@ -363,8 +379,7 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uin
     if (framesize) *framesize = 0;
     if (code_bytes) *code_bytes = 0;
     if (code == 0) return 0;
-    /* (after the stack was read: see codewatch.h) */
-    if (e->watching_codes && ss_dead_codes(&e->dead_seen, forget_code, e)) forget_all_codes(e);
+    hear_of_freed_codes(e);  /* (after the stack was read: see codewatch.h) */
     size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
     ss_code_slot *slot = NULL;
     for (int probe = 0; probe < 8; probe++) {
@@ -717,25 +732,10 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
         }
         addr = f.previous;
     }
-    if (mono_ns() - began > SS_SLOW_WALK_NS + (int64_t)steps * SS_SLOW_WALK_FRAME_NS
-        && !callers_still_there(e, &r, depth)) {
-        e->slow_walks_torn++;
-        return -2;
-    }
-    /* Code objects freed since the walk began: one of the walk's, and the object now
-     * at its address is not the one the walk saw (codewatch.h): read again. */
-    if (e->watching_codes) {
-        e->walk_dead_from = dead_before;
-        e->walk_depth = depth;
-        e->walk_lost_code = 0;
-        if (ss_dead_codes(&e->dead_seen, forget_code, e)) {
-            forget_all_codes(e);
-            e->walk_lost_code = 1;  /* (which were freed is not known) */
-        }
-        e->walk_dead_from = UINT64_MAX;
-        e->walk_depth = 0;
-        if (e->walk_lost_code) {
-            e->walks_lost_code++;
+    if (mono_ns() - began > SS_SLOW_WALK_NS + (int64_t)steps * SS_SLOW_WALK_FRAME_NS) {
+        e->slow_walks++;
+        if (!callers_still_there(e, &r, depth)) {
+            e->slow_walks_torn++;
             return -2;
         }
     }
@@ -746,7 +746,15 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
      * the time for py-spy's 10.5%, on 3.11-3.13; 10-12% without the check). What
      * the read mixes instead is at most a few microseconds of the top: the function
      * the thread has just left, or has just called, at the top's address. */
-    for (int i = 0; i < depth; i++) {
+    /* The code objects are looked up hearing of those freed as it goes: one of the
+     * walk's own freed since the walk began, and the object now at its address (which
+     * a lookup would name) is not the one the walk saw: read again (codewatch.h).
+     * Heard once more after the last lookup, none freed before a lookup is missed. */
+    e->walk_dead_from = dead_before;
+    e->walk_depth = depth;
+    e->walk_lost_code = 0;
+    int torn = 0;
+    for (int i = 0; i < depth && !torn; i++) {
         uint32_t code_bytes;
         e->frames[i].fingerprint = code_identity(e, (uintptr_t)e->frames[i].code, &e->framesizes[i], &code_bytes);
         /* An instruction pointer outside its code: most likely the bytes of a
@@ -756,9 +764,14 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
          * thread of the process ever ran (Future.__init__, write_text) right
          * above a real caller. The instruction pointer is written after the code,
          * so in such bytes it is stale as well, and almost never inside the code. */
-        if (e->frames[i].lasti == SS_LASTI_TORN || (code_bytes && e->frames[i].lasti >= (int32_t)code_bytes))
-            return -2;
+        torn = e->frames[i].lasti == SS_LASTI_TORN || (code_bytes && e->frames[i].lasti >= (int32_t)code_bytes);
     }
+    hear_of_freed_codes(e);
+    int lost = e->walk_lost_code;
+    e->walk_dead_from = UINT64_MAX;
+    e->walk_depth = 0;
+    e->walks_lost_code += (uint64_t)lost;
+    if (torn || lost) return -2;
     if (!walk_is_one_moment(e, &r, depth)) return -2;
     /* (read with the next walk's thread state: on 3.12+ the C-stack shim under a
      * thread's outermost frame, where it started running Python, or a generator's
@@ -1159,7 +1172,7 @@ static int is_target(Engine *e, uintptr_t tstate) {
  * same three kept running 1.0%; now both about 0.3%. */
 static void tick(Engine *e) {
     /* (the code fingerprints' period: all are read again at its turn, see code_identity) */
-    uint32_t period = (uint32_t)(mono_ns() / SS_CODE_FRESH_NS) + 1;
+    uint32_t period = (uint32_t)(mono_ns() / e->code_fresh_ns) + 1;
     e->code_epoch = period ? period : 1;
     take_pending(e);
     for (Py_ssize_t i = 0; i < e->n_targets; i++) sample_target(e, &e->targets[i]);
@@ -1428,6 +1441,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     }
     e->walk_dead_from = UINT64_MAX;
     e->watching_codes = ss_code_watch_start(&e->dead_seen);
+    e->code_fresh_ns = e->watching_codes ? SS_CODE_FRESH_WATCHED_NS : SS_CODE_FRESH_NS;
     return 0;
 }
 
@@ -1822,11 +1836,13 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     /* copied under the lock, turned into Python values after it: nothing that may
      * allocate (and so run a collection, and Python code) while the collector waits */
     LOCK(e);
-    unsigned long long n[18] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
+    unsigned long long n[19] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
                                 e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses,
                                 e->reader.calls, e->sleep_asks, e->walks_running, e->found_asleep,
-                                e->torn_reads, e->codes_forgotten, e->slow_walks_torn, e->walks_lost_code};
+                                e->torn_reads, e->codes_forgotten, e->slow_walks_torn, e->walks_lost_code,
+                                e->slow_walks};
     int running = e->thread_running, short_slice = e->short_slice, code_watch = e->watching_codes;
+    long long code_refresh_ns = (long long)e->code_fresh_ns;
     const char *read_via = e->reader.use_pread ? "/proc/self/mem" : "process_vm_readv";
     Py_ssize_t buffer_bytes = (Py_ssize_t)e->active.cap;
     double cpu = e->final_cpu;
@@ -1836,13 +1852,13 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisisnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisisLsnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
         "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
         "walks_running", n[12], "found_asleep", n[13], "torn_reads", n[14], "codes_forgotten", n[15],
-        "slow_walks_torn", n[16], "walks_lost_code", n[17],
+        "slow_walks_torn", n[16], "walks_lost_code", n[17], "slow_walks", n[18],
         "running", running, "short_slice", short_slice, "code_watch", code_watch,
-        "buffer_bytes", buffer_bytes, "read_via", read_via);
+        "code_refresh_ns", code_refresh_ns, "buffer_bytes", buffer_bytes, "read_via", read_via);
     if (d == NULL) return NULL;
     PyObject *v = PyFloat_FromDouble(cpu);
     if (v == NULL || PyDict_SetItemString(d, "collector_cpu", v) != 0) {
