@@ -1317,6 +1317,51 @@ def test_the_c_switch_hook_does_what_its_python_twin_does():
     assert 0 < slow <= 5, slow
 
 
+def _back_to_main() -> None:
+    greenlet.getcurrent().parent.switch()
+
+
+@pytest.mark.engines("native")
+def test_the_c_switch_hook_logs_a_greenlet_made_where_an_ended_one_was_as_itself():
+    """The C hook keeps the whole records of the greenlets it switched to lately, by
+    address, and takes one without a lookup while the record's weak reference still
+    names the greenlet switched to. A greenlet that ends and is freed, and another
+    made in its memory (the allocator hands the block straight back), must still be
+    logged as itself from its first switch, with its own record. (Here a
+    greenlet's memory goes to the one made two later: the record made between them
+    takes the other block.)"""
+    from sampler import greenlets as switches
+
+    if switches.NativeSwitchHook is None:
+        native_missing("the C switch hook")
+    main = greenlet.getcurrent()
+    hook = switches.NativeSwitchHook(None)
+    hook.users = 1
+    hook.current = switches.record_of(main)
+    expected, addresses = [], []
+    previous = greenlet.settrace(hook)
+    try:
+        for _ in range(60):
+            g = greenlet.greenlet(_back_to_main)
+            g.switch()  # (its first run: the Python hook learns its record)
+            g.switch()  # (it is known now: the C hook's common case; then it ends)
+            addresses.append(id(g))
+            expected.append(switches.record_of(g))
+            del g
+    finally:
+        greenlet.settrace(previous)
+    reused = len(addresses) - len(set(addresses))
+    if reused < 10:
+        pytest.skip(f"the allocator put only {reused} of 60 greenlets where an ended one was")
+    main_rec = switches.record_of(main)
+    logged = [entry[1] for entry in hook.log if entry[1] is not main_rec]
+    assert len(logged) == 2 * len(expected)
+    wrong = [(rec.name, want.name) for rec, want in zip(logged, [r for r in expected for _ in (0, 1)])
+             if rec is not want]
+    assert wrong == [], f"{len(wrong)} of {len(logged)} switches logged as another greenlet: {wrong[:4]}"
+    assert hook.slow_calls <= 2 * len(expected) + 2, hook.slow_calls
+
+
 def _handler_first_turn() -> None:
     spin(0.003)
 
