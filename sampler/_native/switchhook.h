@@ -164,7 +164,7 @@ static PyObject *ss_whole_record(ss_switchhook *h, PyObject *target) {
     PyObject *key = PyLong_FromVoidPtr(target);  /* (id(target)) */
     if (key == NULL) {
         PyErr_Clear();
-        return 0;
+        return NULL;
     }
     PyObject *rec = PyDict_GetItemWithError(h->records, key);  /* borrowed */
     Py_DECREF(key);
