@@ -50,7 +50,9 @@
 #define SS_CODE_CACHE 8192           /* code fingerprints remembered within a period */
 #define SS_CODE_FRESH_NS 10000000LL  /* 10 ms: code fingerprints are read again after at most this, */
 #define SS_CODE_FRESH_WATCHED_NS 100000000LL  /* 100 ms where the collector hears of their ends */
+#define SS_CODE_PROBES 8             /* slots of SS_CODE_CACHE an address may take (from its hash on) */
 #define SS_COPIED 16384              /* code objects whose names were copied already */
+#define SS_COPIED_PROBES 16          /* slots of SS_COPIED an address may take */
 #define SS_CODE_GENERATIONS 4096     /* addresses' generations (codes freed there), hashed */
 #define SS_SLOW_WALK_NS 50000        /* a walk's reads took longer (plus per frame below): */
 #define SS_SLOW_WALK_FRAME_NS 2000   /* its callers are read again (callers_still_there) */
@@ -272,7 +274,7 @@ static int send_code(Engine *e, uintptr_t code, uint32_t fp, const char *window)
 /* Make sure Python has the names of (code, fp): copy them once per pair. */
 static void ensure_sent(Engine *e, uintptr_t code, uint32_t fp, const char *window) {
     size_t h = code_hash(code) & (SS_COPIED - 1);
-    for (int probe = 0; probe < 16; probe++) {
+    for (int probe = 0; probe < SS_COPIED_PROBES; probe++) {
         ss_copied_slot *slot = &e->copied[(h + probe) & (SS_COPIED - 1)];
         if (slot->addr == code && slot->fingerprint == fp) return;
         if (slot->addr == 0) {
@@ -304,14 +306,14 @@ static void forget_code(void *arg, uintptr_t code, uint64_t index) {
         for (int i = 0; i < e->walk_depth && !e->walk_lost_code; i++)
             e->walk_lost_code = e->frames[i].code == code;
     e->code_generations[h & (SS_CODE_GENERATIONS - 1)]++;
-    for (int probe = 0; probe < 8; probe++) {
+    for (int probe = 0; probe < SS_CODE_PROBES; probe++) {
         ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
         if (s->addr == code && s->epoch != 0) {
             s->epoch = 0;
             held = 1;
         }
     }
-    for (int probe = 0; probe < 16; probe++) {
+    for (int probe = 0; probe < SS_COPIED_PROBES; probe++) {
         ss_copied_slot *s = &e->copied[(h + probe) & (SS_COPIED - 1)];
         if (s->addr == code) {
             s->addr = 0;
@@ -382,7 +384,7 @@ static uint32_t code_identity(Engine *e, uintptr_t code, int32_t *framesize, uin
     hear_of_freed_codes(e);  /* (after the stack was read: see codewatch.h) */
     size_t h = code_hash(code) & (SS_CODE_CACHE - 1);
     ss_code_slot *slot = NULL;
-    for (int probe = 0; probe < 8; probe++) {
+    for (int probe = 0; probe < SS_CODE_PROBES; probe++) {
         ss_code_slot *s = &e->codes[(h + probe) & (SS_CODE_CACHE - 1)];
         if (s->epoch == e->code_epoch && s->addr == code) {
             if (framesize) *framesize = s->framesize;
