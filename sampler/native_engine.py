@@ -114,7 +114,7 @@ _logged_at = itemgetter(0)  # a switch log entry's time
 RECENT_RUNS = 16  # a thread's latest samples that found it running, kept for _unseen_run
 RECENT_PLACES = 8  # a greenlet's latest places seen running, kept for _file_turns
 MAX_PLACED_GREENLETS = 256  # greenlets per thread whose places are kept
-LIKE_TURN = math.log(1.5)  # turn lengths within this log ratio are alike (_like_turn)
+LIKE_TURN = math.log(1.5)  # turn lengths within this log ratio are alike (draw_place)
 MIN_TURN_US = 10
 """A turn between two samples that used less CPU is not filed on its own: it goes
 with the sample. (A turn filed is three samples, one of them an idle marker; half
@@ -305,7 +305,7 @@ class _Slot:
         self.switches = False  # its thread switches greenlets (NativeCollector._switches)
         # greenlet record -> its places seen running lately (_file_turns), for the
         # greenlets seen running latest (at most MAX_PLACED_GREENLETS)
-        self.places: dict[Any, deque] = {}
+        self.places: dict[Any, list] = {}
         # greenlet record -> where its latest sample found it (running or waiting),
         # for the greenlets found latest (at most MAX_PLACED_GREENLETS)
         self.latest: dict[Any, tuple] = {}
@@ -319,8 +319,10 @@ class _Slot:
 
 def _remember_place(places: dict, rec: Any, place: tuple) -> None:
     """Add ``place`` to greenlet ``rec``'s recent places (``_Slot.places``)."""
-    seen = places.get(rec) or deque(maxlen=RECENT_PLACES)
+    seen = places.get(rec) or []
     seen.append(place)
+    if len(seen) > RECENT_PLACES:
+        del seen[0]
     _remember_last(places, rec, seen)
 
 
@@ -350,16 +352,25 @@ def _remember_start(starts: dict, rec: Any, place: tuple, turn_us: int, weight: 
     _remember_last(starts, rec, buckets)
 
 
-def _like_turn(places: Any, used: int) -> list:
-    """The ``places`` (``_Slot.places``: each with the log of the CPU of the turn it
-    was seen in) seen in turns most like one of ``used`` us of CPU: within half
-    again of the closest ratio of turn lengths."""
-    log_used = math.log(used)
-    ratios = [abs(place[4] - log_used) for place in places]
-    near = min(ratios) + LIKE_TURN
-    if max(ratios) <= near:
-        return places  # (all alike)
-    return [place for place, ratio in zip(places, ratios) if ratio <= near]
+def draw_place_py(places: list, used: int, like: float, point: float) -> tuple:
+    """One of a greenlet's ``places`` (``_Slot.places``: each with the log of the CPU
+    of the turn it was seen in), for a turn no sample saw that used ``used`` us of
+    CPU: drawn uniformly (``point`` in [0, 1), drawn by the caller) among those seen
+    in turns most like it, within ``like`` of the closest log ratio of turn lengths
+    (:data:`LIKE_TURN`: within half again); ``used`` 0: among all. (The C one,
+    ``sampler/_native/turnmerge.h``, is :func:`draw_place`.)"""
+    if not places or not 0 <= point < 1 or not like >= 0:
+        raise ValueError(f"draw_place: need places, like >= 0 and 0 <= point < 1, "
+                         f"got {len(places)} places, {like!r} and {point!r}")
+    if used > 0 and len(places) > 1:
+        log_used = math.log(used)
+        ratios = [abs(place[4] - log_used) for place in places]
+        reach = min(ratios) + like
+        places = [place for place, ratio in zip(places, ratios) if ratio <= reach]
+    return places[min(int(point * len(places)), len(places) - 1)]
+
+
+draw_place = getattr(_native, "draw_place", None) or draw_place_py
 
 
 def _remember_last(latest: dict, rec: Any, value: Any) -> None:
@@ -816,7 +827,7 @@ class NativeCollector(Steering):
             cpu_us = cpu_ns // 1000
             inside = None
             if pending:
-                inside = self._file_gc(pending, slot.ident, wall_us, cpu_us)
+                inside = self._file_gc(pending, slot, wall_us, cpu_us)
                 if inside is not None:  # read during a collection: its CPU is the collection's
                     if raw is None or inside.wall_us <= slot.last_wall_us:
                         continue  # (a collection seen by an earlier sample already)
@@ -1012,7 +1023,7 @@ class NativeCollector(Steering):
         if waiting:
             places = slot.places.get(current) if current is not None else None
             if places:
-                self._file_run(slot, places[self._draw(len(places))], cpu_us, wall_us)
+                self._file_run(slot, draw_place(places, 0, LIKE_TURN, self._uniform()), cpu_us, wall_us)
         elif current is not None and slot.starts.get(current) and cpu_us - slot.last_cpu_us > 1:
             # (1 us there, alone: the sample of no CPU before it would only keep that
             # 1 us from being halved with the place filed before)
@@ -1071,9 +1082,7 @@ class NativeCollector(Steering):
         14-23% of the thread's CPU for 32% in runs of 0.4 s.)"""
         places = slot.places.get(rec)
         if places:
-            if used and len(places) > 1:
-                places = _like_turn(places, used)
-            return places[self._draw(len(places))]
+            return draw_place(places, used, LIKE_TURN, self._uniform())
         wait = slot.latest.get(rec)  # (none seen running: found waiting)
         if wait is not None:
             return wait
@@ -1167,8 +1176,8 @@ class NativeCollector(Steering):
                 del pending[ident]
         return pending
 
-    def _file_gc(self, pending: dict, ident: int, wall_us: int, cpu_us: int) -> Optional[_CollectionStart]:
-        """File the collections of thread ``ident`` that ended before ``wall_us``
+    def _file_gc(self, pending: dict, slot: _Slot, wall_us: int, cpu_us: int) -> Optional[_CollectionStart]:
+        """File the collections of ``slot``'s thread that ended before ``wall_us``
         (the sample there read the thread's CPU clock at ``cpu_us``). When the sample
         was read while the thread was inside a collection, the clocks (wall, CPU) the
         thread had as that collection began and the stack that triggered it (its
@@ -1187,14 +1196,15 @@ class NativeCollector(Steering):
         garbage for 20 ms, then computes for 20 ms, with collections half of the
         first part's time, sampled every 5 ms, was charged 1.4-5 points of its CPU
         too little for the garbage; 8-12 points with parts of 5 ms.)"""
-        events = pending.get(ident)
+        events = pending.get(slot.ident)
         if not events:
             return None
         if events[0][3] <= wall_us:
             n = 0
             while n < len(events) and events[n][3] <= wall_us:
                 n += 1
-            self.recorder.record_gc(events[:n], cpu_us)
+            self._switch_log(slot)  # (this drain's copy, which the recorder can use)
+            self.recorder.record_gc(events[:n], cpu_us, self._switch_logs)
             del events[:n]
         # (events: (ident, stack, generation, end_us, wall_us, cpu_us, base))
         if not events or events[0][3] - events[0][4] > wall_us:

@@ -1,20 +1,24 @@
-"""The draw of the CPU of many greenlet turns between two samples (``draw_turns``).
+"""The draws of greenlet turns between two samples (``draw_turns``, ``draw_place``).
 
 Beyond a few turns between two samples of a thread, the native engine files the CPU
 of those in between in ``MERGED_TURNS`` runs of greenlets drawn in proportion to what
 each used (``sampler/native_engine.py``). The merge and the draw are in C
 (``sampler/_native/turnmerge.h``) with a Python twin (``sampler.greenlets``): both
 are held here to the same answers, to each greenlet getting what it used on
-average, and to one precise error on bad input.
+average, and to one precise error on bad input. So is the draw of the place where a
+turn no sample saw is filed (``draw_place``: C in the same file, its Python twin in
+``sampler.native_engine``).
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from sampler import greenlets as switches
+from sampler import native_engine
 
 from sampling_helpers import native_missing
 
@@ -146,3 +150,63 @@ def test_turns_of_few_greenlets_are_each_given_all_they_used(which):
         assert draw(log, 1, 7, 3, 2, point) == [[b, 50, 50, 5, 2], [a, 21, 21, 6, 2]]
     # (beyond keep: drawn, two runs of 35.5 ns; b's 50 of 71 holds both points)
     assert draw(log, 1, 7, 1, 2, 0.3) == [[b, 71, 50, 5, 2]]
+
+
+PLACE_TWINS = [pytest.param(native_engine.draw_place_py, id="python"), pytest.param("c", id="c")]
+
+
+def _place_twin(which):
+    if which != "c":
+        return which
+    if getattr(native_engine._native, "draw_place", None) is None:
+        native_missing("the C draw_place")
+    return native_engine._native.draw_place
+
+
+def _places(chance: random.Random, n: int) -> list:
+    """``n`` places seen running, each (stack, base, marks, record, log of its turn's
+    CPU in us), as the native engine keeps them."""
+    return [(k, 1000 + k, 0, None, math.log(chance.choice([1, 10, 14, 20, 30, 300, 5000]))) for k in range(n)]
+
+
+def test_the_c_place_draw_and_its_python_twin_give_the_same_answers():
+    """Random places, turn lengths and points (0, just under 1, and between): the
+    same place, by identity."""
+    draw_c = _place_twin("c")
+    chance = random.Random(5)
+    for _ in range(5000):
+        places = _places(chance, chance.randint(1, 12))
+        used = chance.choice([0, 1, 9, 12, 15, 25, 400, 10**6])
+        point = chance.choice([0.0, 1 - 2**-53, chance.random()])
+        c = draw_c(places, used, native_engine.LIKE_TURN, point)
+        assert c is native_engine.draw_place_py(places, used, native_engine.LIKE_TURN, point), (places, used, point)
+
+
+@pytest.mark.parametrize("which", PLACE_TWINS)
+def test_a_place_is_drawn_among_those_of_turns_like_the_one_filed(which):
+    """Places of turns of 10, 14 and 300 us: a turn of 12 us draws among the first
+    two alike (each half of the points), one of 250 the third only; a turn of no
+    known length (0), among all three."""
+    draw = _place_twin(which)
+    places = [("short", 0, 0, None, math.log(10)), ("also short", 0, 0, None, math.log(14)),
+              ("long", 0, 0, None, math.log(300))]
+    like = native_engine.LIKE_TURN
+    points = [k / 100 for k in range(100)]
+    assert [draw(places, 12, like, p)[0] for p in points] == ["short"] * 50 + ["also short"] * 50
+    assert {draw(places, 250, like, p)[0] for p in points} == {"long"}
+    assert [draw(places, 0, like, p)[0] for p in points] == ["short"] * 34 + ["also short"] * 33 + ["long"] * 33
+
+
+@pytest.mark.parametrize("which", PLACE_TWINS)
+@pytest.mark.parametrize("args, message", [
+    (([], 5, 0.4, 0.5), "need places, like >= 0 and 0 <= point < 1, got 0 places, 0.4 and 0.5"),
+    ((None, 5, 0.4, 1.0), "need places, like >= 0 and 0 <= point < 1, got 1 places, 0.4 and 1.0"),
+    ((None, 5, -0.1, 0.5), "need places, like >= 0 and 0 <= point < 1, got 1 places, -0.1 and 0.5"),
+    ((None, 5, 0.4, float("nan")), "need places, like >= 0 and 0 <= point < 1, got 1 places, 0.4 and nan"),
+])
+def test_a_bad_place_draw_gets_one_precise_error(which, args, message):
+    draw = _place_twin(which)
+    places, *rest = args
+    with pytest.raises(ValueError) as caught:
+        draw([(0, 0, 0, None, 1.0)] if places is None else places, *rest)
+    assert str(caught.value) == f"draw_place: {message}"

@@ -25,6 +25,7 @@
 #define STACKSHOT_TURNMERGE_H
 
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 
 /* Entry k's record (borrowed) and CPU clock; NULL with an error set on a bad entry. */
@@ -149,7 +150,68 @@ done:
     return out;
 }
 
+/* draw_place(places, used, like, point) -> place: one of a greenlet's places seen
+ * running (sampler/native_engine.py, _Slot.places: tuples whose item 4 is the log of
+ * the CPU, in us, of the turn each was seen in), for a turn no sample saw that used
+ * `used` us: drawn uniformly (`point` in [0, 1), drawn by the caller) among those
+ * seen in turns most like it, within `like` of the closest log ratio of turn
+ * lengths (`used` 0: among all). Its Python twin is draw_place_py there; filtering
+ * and drawing in Python took an eighth of a chatty gevent server's filing. Called
+ * with the GIL; the list is the caller's. */
+static int ss_place_turn(PyObject *places, Py_ssize_t k, double *log_turn) {
+    PyObject *place = PyList_GET_ITEM(places, k);
+    if (!PyTuple_Check(place) || PyTuple_GET_SIZE(place) < 5) {
+        PyErr_Format(PyExc_TypeError, "draw_place: place %zd is not a tuple of 5 or more items", k);
+        return -1;
+    }
+    *log_turn = PyFloat_AsDouble(PyTuple_GET_ITEM(place, 4));
+    if (*log_turn == -1.0 && PyErr_Occurred()) return -1;
+    return 0;
+}
+
+static PyObject *ss_draw_place(PyObject *m, PyObject *args) {
+    PyObject *places;
+    long long used;
+    double like, point;
+    if (!PyArg_ParseTuple(args, "O!Ldd:draw_place", &PyList_Type, &places, &used, &like, &point)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(places);
+    if (n == 0 || !(point >= 0 && point < 1) || !(like >= 0)) {
+        PyErr_Format(PyExc_ValueError, "draw_place: need places, like >= 0 and 0 <= point < 1, got %zd places, %R and %R",
+                     n, PyTuple_GET_ITEM(args, 2), PyTuple_GET_ITEM(args, 3));
+        return NULL;
+    }
+    Py_ssize_t pick = (Py_ssize_t)(point * (double)n);
+    if (used > 0 && n > 1) {
+        /* (two passes over a handful: the closest ratio, then the pick-th within reach) */
+        double log_used = log((double)used), nearest = HUGE_VAL, turn;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (ss_place_turn(places, k, &turn) < 0) return NULL;
+            if (fabs(turn - log_used) < nearest) nearest = fabs(turn - log_used);
+        }
+        double reach = nearest + like;
+        Py_ssize_t alike = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            ss_place_turn(places, k, &turn);
+            alike += fabs(turn - log_used) <= reach;
+        }
+        pick = (Py_ssize_t)(point * (double)alike);
+        Py_ssize_t last = 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            ss_place_turn(places, k, &turn);
+            if (fabs(turn - log_used) > reach) continue;
+            if (pick-- == 0) return Py_NewRef(PyList_GET_ITEM(places, k));
+            last = k;
+        }
+        return Py_NewRef(PyList_GET_ITEM(places, last));  /* (a point rounded up to 1) */
+    }
+    if (pick >= n) pick = n - 1;  /* (likewise) */
+    return Py_NewRef(PyList_GET_ITEM(places, pick));
+}
+
 #define SS_TURNMERGE_METHODS \
+    {"draw_place", ss_draw_place, METH_VARARGS, \
+     "draw_place(places, used, like, point) -> place: one of a greenlet's places, drawn uniformly among " \
+     "those seen in turns within `like` (log ratio) of the one most like a turn of `used` us"}, \
     {"draw_turns", ss_draw_turns, METH_VARARGS, \
      "draw_turns(log, i, j, keep, runs, point) -> [[record, drawn_ns, used_ns, last, turns]]: a switch " \
      "log's turns i+1..j-1 merged per greenlet, their CPU drawn in `runs` parts beyond `keep` greenlets"},
