@@ -27,6 +27,7 @@ clock read at each switch is most of it (see ``scribblings/greenlets.md``).
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 import os
 import sys
@@ -49,11 +50,14 @@ try:
     from ._native import note_switching as _note_switching
     from ._native import SwitchHook as _NativeSwitchHook
     from ._native import draw_turns as _native_draw_turns
+    from ._native import log_turns as _native_log_turns
+    from ._native import turn_length as _native_turn_length
+    from ._native import draw_place as _native_draw_place
 except ImportError:  # the native engine is not built: no addresses needed
     _frame_address = None
     _note_switching = None
     _NativeSwitchHook = None
-    _native_draw_turns = None
+    _native_draw_turns = _native_log_turns = _native_turn_length = _native_draw_place = None
 
 _ids = itertools.count(1)
 # id(greenlet) -> its record (a dead greenlet's until pruned: see _prune)
@@ -68,7 +72,10 @@ _hooks: dict[int, "SwitchHook"] = {}
 LOG_SIZE = 16384
 """Switches remembered per thread, for the native engine's samples filed later."""
 _TAIL_COPY = 256  # switch log entries copied at first by switch_log(since_ns=...)
+_COPY_TRIES = 4  # copies of a log's newest entries tried before the whole log is copied
 _logged_at = operator.itemgetter(0)  # a switch log entry's perf_counter_ns()
+_cpu_logged = operator.itemgetter(2)  # a switch log entry's thread CPU clock
+_last_turn = operator.itemgetter(3)  # a turn drawn's last end (draw_turns)
 
 
 # Called with each greenlet the first time a hook sees it (when it first runs, or
@@ -485,18 +492,31 @@ def switch_log(ident: int, since_ns: Optional[int] = None) -> list:
     before it, for a clock read a little off.
 
     (The whole log, 16,384 entries once a gevent server has run 8 s, took 48 us to
-    copy at each of the native engine's drains, 50 a second. Each attempt copies
-    the newest entries in one C call, so the hook, which appends from the log's
-    own thread, cannot change the log in the middle of one.)"""
+    copy at each of the native engine's drains, 50 a second.) The hook appends
+    from the log's own thread, with the GIL: a copy in one C call is whole, but
+    the iterators a copy of the newest entries is made with are objects, whose
+    making can run a collection, and the Python it may run (a ``gc`` callback, a
+    finalizer) can let the GIL go to the log's thread, which switches: the copy
+    then fails (the deque was mutated) and is made again; after a few such
+    failures, the whole log is copied (one C call, its iterator made first). (A
+    stress run of greenlets switching under the native engine, filing the
+    collections of a drain, lost its feeder to that error on 3.10 and 3.12.)"""
     hook = _hooks.get(ident)
     if hook is None or not hook.users:
         return []
     log = hook.log
     if since_ns is None:
         return list(log)
-    want = _TAIL_COPY
+    want, failures = _TAIL_COPY, 0
     while True:
-        tail = list(itertools.islice(reversed(log), want))  # (newest first)
+        try:
+            tail = list(itertools.islice(reversed(log), want))  # (newest first)
+        except RuntimeError:  # (mutated during iteration: see above)
+            failures += 1
+            if failures < _COPY_TRIES:
+                continue
+            tail = list(log)[::-1]  # (all of it, newest first)
+            break
         if len(tail) < want or tail[-2][0] <= since_ns:  # (all of it, or two logged by then)
             break
         want *= 4
@@ -544,6 +564,86 @@ def draw_turns_py(log: list, i: int, j: int, keep: int, runs: int, point: float)
 
 
 draw_turns = _native_draw_turns or draw_turns_py
+
+
+def log_turns_py(log: list, since_ns: int, until_ns: int, origin_us: float, keep: int, runs: int,
+                 point: float) -> list:
+    """The turns of greenlets in a thread whose switch ``log`` is this
+    (:func:`switch_log`), from its CPU clock ``since_ns`` (a sample's) to
+    ``until_ns`` (the next one's), in order: ``(record, CPU used, wall clock where
+    it ended, the CPU to find turns like it by)``, microseconds, wall clocks on the
+    clock whose zero is ``origin_us`` on the log's (the last: 0 for several turns
+    merged). The first is the turn running at ``since_ns`` (from there), the last
+    the one running at ``until_ns`` (up to there; its end: 0); turns of no CPU in
+    between are left out. Empty where the log does not reach back to ``since_ns``
+    or shows no switch in between.
+
+    Beyond ``keep`` turns, those in between (all but the first and the last) are
+    merged per greenlet and drawn (:func:`draw_turns`, with ``runs`` and
+    ``point``), in the order each greenlet's last one ended (the CPU to find turns
+    like it by: the greenlet's one turn, else 0). (The C one,
+    ``sampler/_native/turnmerge.h``, is :func:`log_turns` where it is built; it
+    converts wall clocks alike below 2**53 ns.)"""
+    if not keep >= 0 or not 1 <= runs <= 65536 or not 0 <= point < 1:
+        raise ValueError(f"log_turns: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, "
+                         f"got {keep}, {runs} and {point!r}")
+    if not log or len(log[0]) < 3:
+        return []
+    i = bisect_right(log, since_ns, key=_cpu_logged)
+    if i == 0 or i == len(log) or log[i][2] > until_ns:
+        return []
+    j = bisect_right(log, until_ns, i, key=_cpu_logged)  # log[i:j]: the switches between
+    first = log[i - 1][1], (log[i][2] - since_ns) // 1000, int(log[i][0] / 1000 - origin_us)
+    final = log[j - 1][1], (until_ns - log[j - 1][2]) // 1000, 0
+    if j - i + 1 <= keep:  # (each turn k of the middle: from log[k - 1] to log[k])
+        middle = [(log[k - 1][1], (log[k][2] - log[k - 1][2]) // 1000, int(log[k][0] / 1000 - origin_us))
+                  for k in range(i + 1, j)]
+        turns = [(rec, used, ended_us, used) for rec, used, ended_us in [first, *middle, final]]
+    else:  # the turns in between, one per greenlet
+        drawn = draw_turns_py(log, i, j, keep, runs, point)  # [rec, drawn, used, last, n]
+        drawn.sort(key=_last_turn)  # (in the order they ended)
+        middle = [(rec, drawn_ns // 1000, int(log[last][0] / 1000 - origin_us), 0 if n > 1 else used // 1000)
+                  for rec, drawn_ns, used, last, n in drawn]
+        turns = [(*first, first[1]), *middle, (*final, final[1])]
+    return [turn for turn in turns[:-1] if turn[1] > 0] + turns[-1:]  # (no CPU: left out)
+
+
+def turn_length_py(log: list, cpu_ns: int) -> int:
+    """The CPU (us) of the turn of the greenlet running at its thread's CPU clock
+    ``cpu_ns``, by the thread's switch ``log`` (a turn not over when the log was
+    copied: so far; before the log or no log: 0). (The C one is :func:`turn_length`.)"""
+    if not log or len(log[0]) < 3:
+        return 0
+    i = bisect_right(log, cpu_ns, key=_cpu_logged)
+    began_ns = log[i - 1][2] if i else 0
+    ended_ns = log[i][2] if i < len(log) else cpu_ns
+    return max(ended_ns - began_ns, 0) // 1000
+
+
+log_turns = _native_log_turns or log_turns_py
+turn_length = _native_turn_length or turn_length_py
+
+
+def draw_place_py(places: list, used: int, like: float, point: float) -> tuple:
+    """One of a greenlet's ``places`` (the native engine's ``_Slot.places``: each a
+    place seen running, with the log of the CPU of the turn it was seen in), for a
+    turn no sample saw that used ``used`` us of CPU: drawn uniformly (``point`` in [0, 1), drawn by the caller) among those seen
+    in turns most like it, within ``like`` of the closest log ratio of turn lengths
+    (the native engine's ``LIKE_TURN``: within half again); ``used`` 0: among all.
+    (The C one, ``sampler/_native/turnmerge.h``, is :func:`draw_place` where it is
+    built.)"""
+    if not places or not 0 <= point < 1 or not like >= 0:
+        raise ValueError(f"draw_place: need places, like >= 0 and 0 <= point < 1, "
+                         f"got {len(places)} places, {like!r} and {point!r}")
+    if used > 0 and len(places) > 1:
+        log_used = math.log(used)
+        ratios = [abs(place[4] - log_used) for place in places]
+        reach = min(ratios) + like
+        places = [place for place, ratio in zip(places, ratios) if ratio <= reach]
+    return places[min(int(point * len(places)), len(places) - 1)]
+
+
+draw_place = _native_draw_place or draw_place_py
 
 
 def switches(ident: int) -> bool:

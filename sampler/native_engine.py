@@ -38,7 +38,8 @@ from typing import Any, NamedTuple, Optional
 
 from . import _native, realthreads
 from .clocks import clock_for, native_id_of_ident, read_cpu, thread_clock_id
-from .greenlets import HOOK_CODE, at_base, draw_turns, greenlet_at, switch_log, switches
+from .greenlets import (HOOK_CODE, at_base, draw_place, greenlet_at, log_turns, switch_log, switches,
+                        turn_length)
 from .collector import Steering
 from .groups import ThreadGroup, change_listeners, install_start_hook, notify_started, start_listeners
 from .marks import filed_retired, hold_retired, mark_entries, release_retired, retirements
@@ -136,8 +137,6 @@ either way in runs of 1 s of CPU); a chatty gevent server (``gevent_chatty``, so
 80 turns of 30 greenlets between two samples 1 ms apart) had 26 filed a tick, 129 ms
 a second with the GIL held."""
 MAX_OUTERMOST_STACKS = 1024  # greenlets' outermost functions interned as stacks (_place_of)
-_cpu_logged = itemgetter(2)  # a switch log entry's thread CPU clock
-_last_turn = itemgetter(3)  # a turn drawn's last end (draw_turns)
 MAX_HELD = 10_000
 """Samples held while their thread is inside a collection (see ``_file``); more
 are filed as read (a collection whose finalizers run for more than 10 s at 1 ms)."""
@@ -350,27 +349,6 @@ def _remember_start(starts: dict, rec: Any, place: tuple, turn_us: int, weight: 
     kept[0].append((place, weight))
     kept[1] += weight
     _remember_last(starts, rec, buckets)
-
-
-def draw_place_py(places: list, used: int, like: float, point: float) -> tuple:
-    """One of a greenlet's ``places`` (``_Slot.places``: each with the log of the CPU
-    of the turn it was seen in), for a turn no sample saw that used ``used`` us of
-    CPU: drawn uniformly (``point`` in [0, 1), drawn by the caller) among those seen
-    in turns most like it, within ``like`` of the closest log ratio of turn lengths
-    (:data:`LIKE_TURN`: within half again); ``used`` 0: among all. (The C one,
-    ``sampler/_native/turnmerge.h``, is :func:`draw_place`.)"""
-    if not places or not 0 <= point < 1 or not like >= 0:
-        raise ValueError(f"draw_place: need places, like >= 0 and 0 <= point < 1, "
-                         f"got {len(places)} places, {like!r} and {point!r}")
-    if used > 0 and len(places) > 1:
-        log_used = math.log(used)
-        ratios = [abs(place[4] - log_used) for place in places]
-        reach = min(ratios) + like
-        places = [place for place, ratio in zip(places, ratios) if ratio <= reach]
-    return places[min(int(point * len(places)), len(places) - 1)]
-
-
-draw_place = getattr(_native, "draw_place", None) or draw_place_py
 
 
 def _remember_last(latest: dict, rec: Any, value: Any) -> None:
@@ -1060,13 +1038,7 @@ class NativeCollector(Steering):
         memo = self._turn_memo
         if memo[0] is slot and memo[1] == cpu_us:
             return memo[2]
-        log = self._switch_log(slot)
-        if not log or len(log[0]) < 3:
-            return 0
-        i = bisect_right(log, cpu_us * 1000, key=_cpu_logged)
-        began_ns = log[i - 1][2] if i else 0
-        ended_ns = log[i][2] if i < len(log) else cpu_us * 1000
-        length = max(ended_ns - began_ns, 0) // 1000
+        length = turn_length(self._switch_log(slot), cpu_us * 1000)
         self._turn_memo = (slot, cpu_us, length)
         return length
 
@@ -1114,29 +1086,10 @@ class NativeCollector(Steering):
         runs of greenlets drawn in proportion to the CPU each used in them (the CPU
         to find turns like it by: the greenlet's one turn, else 0). (A chatty
         gevent server logs some 80 switches between two samples 1 ms apart; made
-        one tuple at a time, they took 83 us a sample.)"""
-        log = self._switch_log(slot)
-        if not log or len(log[0]) < 3:
-            return []
-        since_ns, until_ns = slot.last_cpu_us * 1000, cpu_us * 1000
-        i = bisect_right(log, since_ns, key=_cpu_logged)
-        if i == 0 or i == len(log) or log[i][2] > until_ns:
-            return []
-        j = bisect_right(log, until_ns, i, key=_cpu_logged)  # log[i:j]: the switches between
-        origin_us = self.recorder.start * 1e6
-        first = log[i - 1][1], (log[i][2] - since_ns) // 1000, int(log[i][0] / 1000 - origin_us)
-        final = log[j - 1][1], (until_ns - log[j - 1][2]) // 1000, 0
-        if j - i + 1 <= MAX_TURNS:  # (each turn k of the middle: from log[k - 1] to log[k])
-            middle = [(log[k - 1][1], (log[k][2] - log[k - 1][2]) // 1000, int(log[k][0] / 1000 - origin_us))
-                      for k in range(i + 1, j)]
-            turns = [(rec, used, ended_us, used) for rec, used, ended_us in [first, *middle, final]]
-        else:  # the turns in between, one per greenlet
-            drawn = draw_turns(log, i, j, MAX_TURNS, MERGED_TURNS, self._uniform())  # [rec, drawn, used, last, n]
-            drawn.sort(key=_last_turn)  # (in the order they ended)
-            middle = [(rec, drawn_ns // 1000, int(log[last][0] / 1000 - origin_us), 0 if n > 1 else used // 1000)
-                      for rec, drawn_ns, used, last, n in drawn]
-            turns = [(*first, first[1]), *middle, (*final, final[1])]
-        return [turn for turn in turns[:-1] if turn[1] > 0] + turns[-1:]  # (no CPU: left out)
+        one tuple at a time, they took 83 us a sample.) Found by
+        :func:`sampler.greenlets.log_turns`, in C where it is built."""
+        return log_turns(self._switch_log(slot), slot.last_cpu_us * 1000, cpu_us * 1000, self.recorder.start * 1e6,
+                         MAX_TURNS, MERGED_TURNS, self._uniform())
 
     def _file_run(self, slot: _Slot, place: tuple, cpu_us: int, wall_us: int) -> None:
         """File a run at ``place`` (``(stack, base, marks, greenlet)``) from ``slot``'s

@@ -647,6 +647,52 @@ def test_the_switch_log_copied_from_a_time_on_is_the_whole_logs_tail_from_there(
     assert switch_log(threading.get_ident(), 0) == []  # (no hook in use)
 
 
+def test_the_switch_log_is_copied_whole_while_its_thread_switches_in_the_copy():
+    """A copy of the newest entries makes iterator objects, whose making can run a
+    collection, and a collection can run Python that switches greenlets (here a
+    ``gc`` callback; in the native engine, the log's thread given the GIL by the
+    feeder's callback or finalizer): the log changes under the copy, which must be
+    made again, never fail. (It failed with "deque mutated during iteration", and
+    the feeder with it, in a stress run of greenlets switching on 3.10 and 3.12.)
+    Whatever the copy meets, it is the log's tail as it was at some moment: each
+    entry logged later than the one before it, the last switch in it."""
+    from sampler.greenlets import switch_log
+
+    def ping():
+        while True:
+            main.switch()
+
+    main = greenlet.getcurrent()
+    g = greenlet.greenlet(ping)
+    switched_in_collections = []
+
+    def switch_in_collection(phase, info):
+        if phase == "start":
+            switched_in_collections.append(1)
+            g.switch()
+
+    ctl = create_sampler(threading.current_thread(), 0.005)
+    thresholds = gc.get_threshold()
+    try:
+        for _ in range(300):
+            g.switch()
+        since = switch_log(threading.get_ident())[-200][0]
+        gc.callbacks.append(switch_in_collection)
+        gc.set_threshold(1)  # (a collection at nearly every object made)
+        try:
+            copies = [switch_log(threading.get_ident(), since) for _ in range(50)]
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.callbacks.remove(switch_in_collection)
+        g.throw(greenlet.GreenletExit)
+    finally:
+        ctl.stop()
+    assert len(switched_in_collections) > 50, len(switched_in_collections)
+    for copy in copies:
+        assert len(copy) >= 200 and copy[1][0] <= since
+        assert all(a[0] <= b[0] for a, b in zip(copy, copy[1:]))
+
+
 @pytest.mark.engines("native")
 def test_a_stack_read_next_to_a_switch_is_filed_under_the_greenlet_it_shows():
     """The native engine files samples after the fact and names a sample's greenlet

@@ -28,16 +28,24 @@
 #include <math.h>
 #include <stdint.h>
 
-/* Entry k's record (borrowed) and CPU clock; NULL with an error set on a bad entry. */
-static PyObject *ss_log_entry(PyObject *log, Py_ssize_t k, long long *cpu_ns) {
+/* Entry k's record (borrowed) and CPU clock; NULL with an error set on a bad entry
+ * (the error names `fn`, the function asked). The functions here read a list the
+ * caller owns, but what they allocate can run a collection, and a finalizer can run
+ * Python: every read is checked against the list's length as it is then, and the
+ * records kept across an allocation are strong references. */
+static PyObject *ss_log_entry(const char *fn, PyObject *log, Py_ssize_t k, long long *cpu_ns) {
+    if (k >= PyList_GET_SIZE(log)) {
+        PyErr_Format(PyExc_RuntimeError, "%s: the log changed while it was read", fn);
+        return NULL;
+    }
     PyObject *entry = PyList_GET_ITEM(log, k);
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 3) {
-        PyErr_Format(PyExc_TypeError, "draw_turns: log entry %zd is not a (wall, record, cpu) tuple", k);
+        PyErr_Format(PyExc_TypeError, "%s: log entry %zd is not a (wall, record, cpu) tuple", fn, k);
         return NULL;
     }
     PyObject *cpu = PyTuple_GET_ITEM(entry, 2);
     if (!PyLong_Check(cpu)) {
-        PyErr_Format(PyExc_TypeError, "draw_turns: log entry %zd's CPU clock is not an integer", k);
+        PyErr_Format(PyExc_TypeError, "%s: log entry %zd's CPU clock is not an integer", fn, k);
         return NULL;
     }
     *cpu_ns = PyLong_AsLongLong(cpu);
@@ -48,57 +56,59 @@ static PyObject *ss_log_entry(PyObject *log, Py_ssize_t k, long long *cpu_ns) {
 #define SS_MAX_DRAWS 65536
 
 typedef struct {
-    PyObject *rec;  /* borrowed from the log (NULL: a free slot) */
+    PyObject *rec;  /* a strong reference (NULL: a free slot) */
     long long used_ns;
     Py_ssize_t last, turns, draws;
 } ss_merged_turn;
 
-static PyObject *ss_draw_turns(PyObject *m, PyObject *args) {
-    PyObject *log;
-    Py_ssize_t i, j, keep, runs;
-    double point;
-    if (!PyArg_ParseTuple(args, "O!nnnnd:draw_turns", &PyList_Type, &log, &i, &j, &keep, &runs, &point))
-        return NULL;
-    if (i < 1 || j < i || j > PyList_GET_SIZE(log)) {
-        PyErr_Format(PyExc_ValueError, "draw_turns: need 1 <= i <= j <= len(log) (%zd), got i=%zd, j=%zd",
-                     PyList_GET_SIZE(log), i, j);
-        return NULL;
-    }
-    if (keep < 0 || runs < 1 || runs > SS_MAX_DRAWS || !(point >= 0 && point < 1)) {
-        PyErr_Format(PyExc_ValueError,
-                     "draw_turns: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got %zd, %zd and %R",
-                     keep, runs, PyTuple_GET_ITEM(args, 5));
-        return NULL;
-    }
-    if (j - i < 2) return PyList_New(0);  /* (no turn between: entry i is not read) */
+/* Turns i + 1 to j - 1 of a log merged per greenlet and drawn (see draw_turns below):
+ * `order[0..n)` the greenlets in the order first seen, each with its draws, and
+ * `step` the CPU of a draw (ns; `all`: each is drawn all it used). */
+typedef struct {
+    ss_merged_turn *table;
+    ss_merged_turn **order;
+    Py_ssize_t n, drawn;
+    double step;
+    int all;
+} ss_merge;
+
+static void ss_merge_free(ss_merge *m) {
+    for (Py_ssize_t t = 0; t < m->n; t++) Py_DECREF(m->order[t]->rec);
+    PyMem_Free(m->table);
+    PyMem_Free(m->order);
+}
+
+/* Fill `m` (zeroed by the caller, freed with ss_merge_free whatever the outcome) for
+ * turns i + 1 to j - 1 of `log` (1 <= i, i + 2 <= j <= len(log), checked by the
+ * caller); -1 with an error set. */
+static int ss_merge_turns(const char *fn, PyObject *log, Py_ssize_t i, Py_ssize_t j, Py_ssize_t keep,
+                          Py_ssize_t runs, double point, ss_merge *m) {
     /* A table keyed by the records' addresses (the log holds them alive), at most
      * half full: one slot per turn at most, so it never fills. */
     size_t size = 16;
     while (size < 2 * (size_t)(j - i)) size *= 2;
-    ss_merged_turn *table = PyMem_Calloc(size, sizeof *table);
-    ss_merged_turn **order = PyMem_Calloc(size / 2, sizeof *order);  /* in the order first seen */
-    PyObject *out = NULL;
-    Py_ssize_t n = 0;
-    if (table == NULL || order == NULL) {
+    m->table = PyMem_Calloc(size, sizeof *m->table);
+    m->order = PyMem_Calloc(size / 2, sizeof *m->order);  /* in the order first seen */
+    if (m->table == NULL || m->order == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
     long long began_ns;
-    PyObject *rec = ss_log_entry(log, i, &began_ns);
-    if (rec == NULL) goto done;
+    PyObject *rec = ss_log_entry(fn, log, i, &began_ns);
+    if (rec == NULL) return -1;
     for (Py_ssize_t k = i + 1; k < j; k++) {
         long long ended_ns;
-        PyObject *next = ss_log_entry(log, k, &ended_ns);  /* (the greenlet of turn k + 1) */
-        if (next == NULL) goto done;
+        PyObject *next = ss_log_entry(fn, log, k, &ended_ns);  /* (the greenlet of turn k + 1) */
+        if (next == NULL) return -1;
         size_t h = ((uintptr_t)rec >> 4) * 0x9E3779B97F4A7C15ull;
         ss_merged_turn *slot;
         for (h &= size - 1;; h = (h + 1) & (size - 1)) {
-            slot = &table[h];
+            slot = &m->table[h];
             if (slot->rec == rec || slot->rec == NULL) break;
         }
         if (slot->rec == NULL) {
-            slot->rec = rec;
-            order[n++] = slot;
+            slot->rec = Py_NewRef(rec);
+            m->order[m->n++] = slot;
         }
         slot->used_ns += ended_ns - began_ns;
         slot->last = k;
@@ -107,37 +117,74 @@ static PyObject *ss_draw_turns(PyObject *m, PyObject *args) {
         began_ns = ended_ns;
     }
     /* The draw: the greenlets' CPU end to end, the points at (point + d) / runs. */
+    ss_merged_turn **order = m->order;
+    Py_ssize_t n = m->n;
     long long total = 0;
     for (Py_ssize_t t = 0; t < n; t++) total += order[t]->used_ns;
-    Py_ssize_t drawn = 0;
-    double step = (double)total / (double)runs;
-    if (n <= keep) {  /* (each all it used) */
+    m->step = (double)total / (double)runs;
+    m->all = n <= keep;
+    if (m->all) {  /* (each all it used) */
         for (Py_ssize_t t = 0; t < n; t++) {
             order[t]->draws = order[t]->used_ns > 0;
-            drawn += order[t]->draws;
+            m->drawn += order[t]->draws;
         }
     } else if (total > 0) {
         long long reached = 0;
         Py_ssize_t t = 0, d = 0;
         for (; t < n && d < runs; t++) {
             reached += order[t]->used_ns;
-            while (d < runs && (double)reached > (point + (double)d) * step) {
-                if (order[t]->draws++ == 0) drawn++;
+            while (d < runs && (double)reached > (point + (double)d) * m->step) {
+                if (order[t]->draws++ == 0) m->drawn++;
                 d++;
             }
         }
         if (d < runs && n > 0) {  /* (rounding left the last point past the end: the last one's) */
-            if (order[n - 1]->draws == 0) drawn++;
+            if (order[n - 1]->draws == 0) m->drawn++;
             order[n - 1]->draws += runs - d;
         }
     }
-    out = PyList_New(drawn);
+    return 0;
+}
+
+/* The CPU drawn to a greenlet merged (ns). */
+static inline long long ss_drawn_ns(const ss_merge *m, const ss_merged_turn *turn) {
+    return m->all ? turn->used_ns : (long long)((double)turn->draws * m->step);
+}
+
+static int ss_check_draw(const char *fn, PyObject *log, Py_ssize_t i, Py_ssize_t j, Py_ssize_t keep,
+                         Py_ssize_t runs, double point, PyObject *point_obj) {
+    if (i < 1 || j < i || j > PyList_GET_SIZE(log)) {
+        PyErr_Format(PyExc_ValueError, "%s: need 1 <= i <= j <= len(log) (%zd), got i=%zd, j=%zd",
+                     fn, PyList_GET_SIZE(log), i, j);
+        return -1;
+    }
+    if (keep < 0 || runs < 1 || runs > SS_MAX_DRAWS || !(point >= 0 && point < 1)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got %zd, %zd and %R",
+                     fn, keep, runs, point_obj);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *ss_draw_turns(PyObject *m, PyObject *args) {
+    PyObject *log;
+    Py_ssize_t i, j, keep, runs;
+    double point;
+    if (!PyArg_ParseTuple(args, "O!nnnnd:draw_turns", &PyList_Type, &log, &i, &j, &keep, &runs, &point))
+        return NULL;
+    if (ss_check_draw("draw_turns", log, i, j, keep, runs, point, PyTuple_GET_ITEM(args, 5)) < 0) return NULL;
+    if (j - i < 2) return PyList_New(0);  /* (no turn between: entry i is not read) */
+    ss_merge merge = {0};
+    PyObject *out = NULL;
+    if (ss_merge_turns("draw_turns", log, i, j, keep, runs, point, &merge) < 0) goto done;
+    out = PyList_New(merge.drawn);
     if (out == NULL) goto done;
-    for (Py_ssize_t t = 0, o = 0; t < n; t++) {
-        ss_merged_turn *turn = order[t];
+    for (Py_ssize_t t = 0, o = 0; t < merge.n; t++) {
+        ss_merged_turn *turn = merge.order[t];
         if (turn->draws == 0) continue;
-        long long drawn_ns = n <= keep ? turn->used_ns : (long long)((double)turn->draws * step);
-        PyObject *item = Py_BuildValue("[OLLnn]", turn->rec, drawn_ns, turn->used_ns, turn->last, turn->turns);
+        PyObject *item = Py_BuildValue("[OLLnn]", turn->rec, ss_drawn_ns(&merge, turn), turn->used_ns,
+                                       turn->last, turn->turns);
         if (item == NULL) {
             Py_CLEAR(out);
             goto done;
@@ -145,9 +192,189 @@ static PyObject *ss_draw_turns(PyObject *m, PyObject *args) {
         PyList_SET_ITEM(out, o++, item);
     }
 done:
-    PyMem_Free(table);
-    PyMem_Free(order);
+    ss_merge_free(&merge);
     return out;
+}
+
+/* ---- the turns between two samples ------------------------------------------------
+ *
+ * log_turns(log, since_ns, until_ns, origin_us, keep, runs, point) -> [(record, CPU
+ * used us, wall clock where it ended us, CPU to find turns like it by us)]: the turns
+ * of greenlets in a thread whose switch log is `log`, from its CPU clock `since_ns`
+ * (the last sample's) to `until_ns` (this one's), in order (sampler/native_engine.py,
+ * NativeCollector._turns, says what they are for). Its Python twin is log_turns_py
+ * in sampler/greenlets.py, the tests hold them to the same answers; in Python it was a
+ * fifth of a chatty gevent server's filing at 1 ms. Wall clocks are converted as
+ * Python converts them, `int(wall_ns / 1000 - origin_us)`, for clocks below 2**53 ns
+ * (104 days): beyond, the conversion to a double rounds first, and an end can come out
+ * 1 us apart from the twin's.
+ *
+ * turn_length(log, cpu_ns) -> us: the CPU of the turn running at CPU clock `cpu_ns` by
+ * the log (so far, if it had not ended when the log was copied; 0 before the log).
+ */
+
+/* The first index in [lo, len(log)) whose entry's CPU clock is above `x`, the log
+ * sorted by it (bisect_right); -1 with an error set. */
+static Py_ssize_t ss_cpu_bisect(const char *fn, PyObject *log, long long x, Py_ssize_t lo) {
+    Py_ssize_t hi = PyList_GET_SIZE(log);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        long long cpu;
+        if (ss_log_entry(fn, log, mid, &cpu) == NULL) return -1;
+        if (x < cpu) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* a // b, rounded down as Python's is (b > 0). */
+static inline long long ss_floordiv(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+/* int(log[k][0] / 1000 - origin_us) into *out; -1 with an error set. */
+static int ss_ended_us(const char *fn, PyObject *log, Py_ssize_t k, double origin_us, long long *out) {
+    long long cpu;
+    if (ss_log_entry(fn, log, k, &cpu) == NULL) return -1;
+    PyObject *wall = PyTuple_GET_ITEM(PyList_GET_ITEM(log, k), 0);
+    double w = PyLong_Check(wall) ? PyLong_AsDouble(wall) : -1.0;
+    if (!PyLong_Check(wall) || (w == -1.0 && PyErr_Occurred())) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s: log entry %zd's wall clock is not an integer", fn, k);
+        return -1;
+    }
+    double us = w / 1000.0 - origin_us;
+    if (!(us > -9e18 && us < 9e18)) {
+        PyErr_Format(PyExc_OverflowError, "%s: log entry %zd's wall clock is out of range", fn, k);
+        return -1;
+    }
+    *out = (long long)us;
+    return 0;
+}
+
+/* Append (rec, used, ended, like) to `out`; -1 with an error set. */
+static int ss_add_turn(PyObject *out, PyObject *rec, long long used, long long ended, long long like) {
+    PyObject *turn = Py_BuildValue("(OLLL)", rec, used, ended, like);
+    if (turn == NULL) return -1;
+    int failed = PyList_Append(out, turn);
+    Py_DECREF(turn);
+    return failed;
+}
+
+static PyObject *ss_log_turns(PyObject *mod, PyObject *args) {
+    static const char *fn = "log_turns";
+    PyObject *log;
+    long long since_ns, until_ns;
+    double origin_us, point;
+    Py_ssize_t keep, runs;
+    if (!PyArg_ParseTuple(args, "O!LLdnnd:log_turns", &PyList_Type, &log, &since_ns, &until_ns, &origin_us,
+                          &keep, &runs, &point))
+        return NULL;
+    if (keep < 0 || runs < 1 || runs > SS_MAX_DRAWS || !(point >= 0 && point < 1)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got %zd, %zd and %R",
+                     fn, keep, runs, PyTuple_GET_ITEM(args, 6));
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(log);
+    if (size == 0) return PyList_New(0);
+    PyObject *head = PyList_GET_ITEM(log, 0);
+    if (!PyTuple_Check(head) || PyTuple_GET_SIZE(head) < 3) return PyList_New(0);  /* (no CPU clocks logged) */
+    Py_ssize_t i = ss_cpu_bisect(fn, log, since_ns, 0);
+    if (i < 0) return NULL;
+    long long cpu_i, cpu_last, cpu_k;
+    if (i == 0 || i == size) return PyList_New(0);
+    if (ss_log_entry(fn, log, i, &cpu_i) == NULL) return NULL;
+    if (cpu_i > until_ns) return PyList_New(0);
+    Py_ssize_t j = ss_cpu_bisect(fn, log, until_ns, i);  /* log[i:j]: the switches between */
+    if (j < 0) return NULL;
+    PyObject *first_rec, *final_rec;
+    long long first_ended;
+    if ((first_rec = ss_log_entry(fn, log, i - 1, &cpu_k)) == NULL) return NULL;
+    if ((final_rec = ss_log_entry(fn, log, j - 1, &cpu_last)) == NULL) return NULL;
+    if (ss_ended_us(fn, log, i, origin_us, &first_ended) < 0) return NULL;
+    long long first_used = ss_floordiv(cpu_i - since_ns, 1000), final_used = ss_floordiv(until_ns - cpu_last, 1000);
+    ss_merge merge = {0};
+    ss_merged_turn **drawn_turns = NULL;
+    Py_INCREF(first_rec);
+    Py_INCREF(final_rec);
+    PyObject *out = PyList_New(0);
+    if (out == NULL) goto fail;
+    /* (turns of no CPU left out, but for the last: the one the sample found) */
+    if (first_used > 0 && ss_add_turn(out, first_rec, first_used, first_ended, first_used) < 0) goto fail;
+    if (j - i + 1 <= keep) {  /* (each turn k of the middle: from entry k - 1 to entry k) */
+        long long began_ns = cpu_i;
+        for (Py_ssize_t k = i + 1; k < j; k++) {
+            long long began_again, ended_ns, ended_us;
+            PyObject *rec = ss_log_entry(fn, log, k - 1, &began_again);  /* (the turn's greenlet) */
+            if (rec == NULL || ss_log_entry(fn, log, k, &ended_ns) == NULL
+                || ss_ended_us(fn, log, k, origin_us, &ended_us) < 0)
+                goto fail;
+            long long used = ss_floordiv(ended_ns - began_ns, 1000);
+            if (used > 0) {
+                Py_INCREF(rec);  /* (held across the allocation) */
+                int failed = ss_add_turn(out, rec, used, ended_us, used);
+                Py_DECREF(rec);
+                if (failed < 0) goto fail;
+            }
+            began_ns = ended_ns;
+        }
+    } else if (j - i >= 2) {  /* the turns in between, one per greenlet drawn, in the order they ended */
+        if (ss_merge_turns(fn, log, i, j, keep, runs, point, &merge) < 0) goto fail;
+        /* (the drawn, apart: `order` is what ss_merge_free lets go of) */
+        drawn_turns = PyMem_Malloc((size_t)(merge.drawn > 0 ? merge.drawn : 1) * sizeof *drawn_turns);
+        if (drawn_turns == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        Py_ssize_t drawn = 0;
+        for (Py_ssize_t t = 0; t < merge.n && drawn < merge.drawn; t++)
+            if (merge.order[t]->draws) drawn_turns[drawn++] = merge.order[t];
+        for (Py_ssize_t t = 1; t < drawn; t++) {  /* (by the end of their last turn: few) */
+            ss_merged_turn *turn = drawn_turns[t];
+            Py_ssize_t u = t;
+            for (; u > 0 && drawn_turns[u - 1]->last > turn->last; u--) drawn_turns[u] = drawn_turns[u - 1];
+            drawn_turns[u] = turn;
+        }
+        for (Py_ssize_t t = 0; t < drawn; t++) {
+            ss_merged_turn *turn = drawn_turns[t];
+            long long used = ss_floordiv(ss_drawn_ns(&merge, turn), 1000), ended_us;
+            if (ss_ended_us(fn, log, turn->last, origin_us, &ended_us) < 0) goto fail;
+            long long like = turn->turns > 1 ? 0 : ss_floordiv(turn->used_ns, 1000);
+            if (used > 0 && ss_add_turn(out, turn->rec, used, ended_us, like) < 0) goto fail;
+        }
+    }
+    if (ss_add_turn(out, final_rec, final_used, 0, final_used) < 0) goto fail;
+    PyMem_Free(drawn_turns);
+    ss_merge_free(&merge);
+    Py_DECREF(first_rec);
+    Py_DECREF(final_rec);
+    return out;
+fail:
+    PyMem_Free(drawn_turns);
+    ss_merge_free(&merge);
+    Py_DECREF(first_rec);
+    Py_DECREF(final_rec);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *ss_turn_length(PyObject *mod, PyObject *args) {
+    static const char *fn = "turn_length";
+    PyObject *log;
+    long long cpu_ns;
+    if (!PyArg_ParseTuple(args, "O!L:turn_length", &PyList_Type, &log, &cpu_ns)) return NULL;
+    Py_ssize_t size = PyList_GET_SIZE(log);
+    if (size == 0) return PyLong_FromLong(0);
+    PyObject *head = PyList_GET_ITEM(log, 0);
+    if (!PyTuple_Check(head) || PyTuple_GET_SIZE(head) < 3) return PyLong_FromLong(0);
+    Py_ssize_t i = ss_cpu_bisect(fn, log, cpu_ns, 0);
+    if (i < 0) return NULL;
+    long long began_ns = 0, ended_ns = cpu_ns;
+    if (i > 0 && ss_log_entry(fn, log, i - 1, &began_ns) == NULL) return NULL;
+    if (i < size && ss_log_entry(fn, log, i, &ended_ns) == NULL) return NULL;
+    return PyLong_FromLongLong(ss_floordiv(ended_ns > began_ns ? ended_ns - began_ns : 0, 1000));
 }
 
 /* draw_place(places, used, like, point) -> place: one of a greenlet's places seen
@@ -159,13 +386,25 @@ done:
  * and drawing in Python took an eighth of a chatty gevent server's filing. Called
  * with the GIL; the list is the caller's. */
 static int ss_place_turn(PyObject *places, Py_ssize_t k, double *log_turn) {
+    if (k >= PyList_GET_SIZE(places)) {  /* (cannot be: nothing here runs Python) */
+        PyErr_SetString(PyExc_RuntimeError, "draw_place: the places changed while they were read");
+        return -1;
+    }
     PyObject *place = PyList_GET_ITEM(places, k);
     if (!PyTuple_Check(place) || PyTuple_GET_SIZE(place) < 5) {
         PyErr_Format(PyExc_TypeError, "draw_place: place %zd is not a tuple of 5 or more items", k);
         return -1;
     }
-    *log_turn = PyFloat_AsDouble(PyTuple_GET_ITEM(place, 4));
-    if (*log_turn == -1.0 && PyErr_Occurred()) return -1;
+    PyObject *turn = PyTuple_GET_ITEM(place, 4);
+    if (PyFloat_Check(turn)) {  /* (read without calling Python: no __float__) */
+        *log_turn = PyFloat_AS_DOUBLE(turn);
+    } else if (PyLong_Check(turn)) {
+        *log_turn = PyLong_AsDouble(turn);
+        if (*log_turn == -1.0 && PyErr_Occurred()) return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "draw_place: place %zd's turn length is not a number", k);
+        return -1;
+    }
     return 0;
 }
 
@@ -182,7 +421,7 @@ static PyObject *ss_draw_place(PyObject *m, PyObject *args) {
     }
     Py_ssize_t pick = (Py_ssize_t)(point * (double)n);
     if (used > 0 && n > 1) {
-        /* (two passes over a handful: the closest ratio, then the pick-th within reach) */
+        /* (passes over a handful: the closest ratio, how many are within reach of it, the pick-th) */
         double log_used = log((double)used), nearest = HUGE_VAL, turn;
         for (Py_ssize_t k = 0; k < n; k++) {
             if (ss_place_turn(places, k, &turn) < 0) return NULL;
@@ -191,13 +430,13 @@ static PyObject *ss_draw_place(PyObject *m, PyObject *args) {
         double reach = nearest + like;
         Py_ssize_t alike = 0;
         for (Py_ssize_t k = 0; k < n; k++) {
-            ss_place_turn(places, k, &turn);
+            if (ss_place_turn(places, k, &turn) < 0) return NULL;
             alike += fabs(turn - log_used) <= reach;
         }
         pick = (Py_ssize_t)(point * (double)alike);
         Py_ssize_t last = 0;
         for (Py_ssize_t k = 0; k < n; k++) {
-            ss_place_turn(places, k, &turn);
+            if (ss_place_turn(places, k, &turn) < 0) return NULL;
             if (fabs(turn - log_used) > reach) continue;
             if (pick-- == 0) return Py_NewRef(PyList_GET_ITEM(places, k));
             last = k;
@@ -209,6 +448,11 @@ static PyObject *ss_draw_place(PyObject *m, PyObject *args) {
 }
 
 #define SS_TURNMERGE_METHODS \
+    {"log_turns", ss_log_turns, METH_VARARGS, \
+     "log_turns(log, since_ns, until_ns, origin_us, keep, runs, point) -> [(record, used_us, ended_us, " \
+     "like_us)]: the greenlet turns of a switch log between two CPU clocks"}, \
+    {"turn_length", ss_turn_length, METH_VARARGS, \
+     "turn_length(log, cpu_ns) -> us: the CPU of the turn running at CPU clock cpu_ns, by a switch log"}, \
     {"draw_place", ss_draw_place, METH_VARARGS, \
      "draw_place(places, used, like, point) -> place: one of a greenlet's places, drawn uniformly among " \
      "those seen in turns within `like` (log ratio) of the one most like a turn of `used` us"}, \
