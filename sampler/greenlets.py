@@ -627,11 +627,11 @@ turn_length = _native_turn_length or turn_length_py
 def draw_place_py(places: list, used: int, like: float, point: float) -> tuple:
     """One of a greenlet's ``places`` (the native engine's ``_Slot.places``: each a
     place seen running, with the log of the CPU of the turn it was seen in), for a
-    turn no sample saw that used ``used`` us of CPU: drawn uniformly (``point`` in [0, 1), drawn by the caller) among those seen
-    in turns most like it, within ``like`` of the closest log ratio of turn lengths
-    (the native engine's ``LIKE_TURN``: within half again); ``used`` 0: among all.
-    (The C one, ``sampler/_native/turnmerge.h``, is :func:`draw_place` where it is
-    built.)"""
+    turn no sample saw that used ``used`` us of CPU: drawn uniformly (``point`` in
+    [0, 1), drawn by the caller) among those seen in turns most like it, within
+    ``like`` of the closest log ratio of turn lengths (the native engine's
+    ``LIKE_TURN``: within half again); ``used`` 0: among all. (The C one,
+    ``sampler/_native/turnmerge.h``, is :func:`draw_place` where it is built.)"""
     if not places or not 0 <= point < 1 or not like >= 0:
         raise ValueError(f"draw_place: need places, like >= 0 and 0 <= point < 1, "
                          f"got {len(places)} places, {like!r} and {point!r}")

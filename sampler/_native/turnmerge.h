@@ -421,8 +421,9 @@ static PyObject *ss_draw_place(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!Ldd:draw_place", &PyList_Type, &places, &used, &like, &point)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(places);
     if (n == 0 || !(point >= 0 && point < 1) || !(like >= 0)) {
-        PyErr_Format(PyExc_ValueError, "draw_place: need places, like >= 0 and 0 <= point < 1, got %zd places, %R and %R",
-                     n, PyTuple_GET_ITEM(args, 2), PyTuple_GET_ITEM(args, 3));
+        PyErr_Format(PyExc_ValueError,
+                     "draw_place: need places, like >= 0 and 0 <= point < 1, got %zd places, %R and %R", n,
+                     PyTuple_GET_ITEM(args, 2), PyTuple_GET_ITEM(args, 3));
         return NULL;
     }
     Py_ssize_t pick = (Py_ssize_t)(point * (double)n);
