@@ -525,6 +525,14 @@ def switch_log(ident: int, since_ns: Optional[int] = None) -> list:
     return tail
 
 
+def _check_runs(fn: str, keep: int, runs: int, point: float) -> None:
+    """The draw's own arguments, checked alike by the twins that draw (as the C ones
+    check them: one message)."""
+    if not (keep >= 0 and 1 <= runs <= 65536 and 0 <= point < 1):
+        raise ValueError(f"{fn}: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, "
+                         f"got {keep}, {runs} and {point!r}")
+
+
 def draw_turns_py(log: list, i: int, j: int, keep: int, runs: int, point: float) -> list:
     """The turns ``i + 1`` to ``j - 1`` of switch ``log`` (:func:`switch_log`; turn
     ``k`` runs from entry ``k - 1``, its greenlet's, to entry ``k``) merged per
@@ -537,9 +545,7 @@ def draw_turns_py(log: list, i: int, j: int, keep: int, runs: int, point: float)
     one, ``sampler/_native/turnmerge.h``, is :func:`draw_turns` where it is built.)"""
     if not 1 <= i <= j <= len(log):
         raise ValueError(f"draw_turns: need 1 <= i <= j <= len(log) ({len(log)}), got i={i}, j={j}")
-    if not (keep >= 0 and 1 <= runs <= 65536 and 0 <= point < 1):
-        raise ValueError(f"draw_turns: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, "
-                         f"got {keep}, {runs} and {point!r}")
+    _check_runs("draw_turns", keep, runs, point)
     merged: dict[Any, list] = {}
     for k in range(i + 1, j):
         began, ended = log[k - 1], log[k]
@@ -584,9 +590,7 @@ def log_turns_py(log: list, since_ns: int, until_ns: int, origin_us: float, keep
     like it by: the greenlet's one turn, else 0). (The C one,
     ``sampler/_native/turnmerge.h``, is :func:`log_turns` where it is built; it
     converts wall clocks alike below 2**53 ns.)"""
-    if not keep >= 0 or not 1 <= runs <= 65536 or not 0 <= point < 1:
-        raise ValueError(f"log_turns: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, "
-                         f"got {keep}, {runs} and {point!r}")
+    _check_runs("log_turns", keep, runs, point)
     if not log or len(log[0]) < 3:
         return []
     i = bisect_right(log, since_ns, key=_cpu_logged)

@@ -27,12 +27,17 @@ from sampling_helpers import native_missing
 TWINS = [pytest.param(switches.draw_turns_py, id="python"), pytest.param("c", id="c")]
 
 
-def _twin(which):
-    if which != "c":
-        return which
-    if switches._native_draw_turns is None:
-        native_missing("the C draw_turns")
-    return switches._native_draw_turns
+def _native_twin(name: str):
+    """The C one of ``name`` (skipped, or failed where it must be built, if absent)."""
+    fn = getattr(switches, f"_native_{name}")
+    if fn is None:
+        native_missing(f"the C {name}")
+    return fn
+
+
+def _twin(which, name: str = "draw_turns"):
+    """``which``, a Python twin, or, for ``"c"``, the C one of ``name``."""
+    return _native_twin(name) if which == "c" else which
 
 
 def _log(chance: random.Random, greenlets: int, entries: int, big: bool = False) -> list:
@@ -158,14 +163,6 @@ LIKE = math.log(1.5)  # (the native engine's LIKE_TURN: turns within half again 
 PLACE_TWINS = [pytest.param(switches.draw_place_py, id="python"), pytest.param("c", id="c")]
 
 
-def _place_twin(which):
-    if which != "c":
-        return which
-    if switches._native_draw_place is None:
-        native_missing("the C draw_place")
-    return switches._native_draw_place
-
-
 def _places(chance: random.Random, n: int) -> list:
     """``n`` places seen running, each (stack, base, marks, record, log of its turn's
     CPU in us), as the native engine keeps them."""
@@ -175,7 +172,7 @@ def _places(chance: random.Random, n: int) -> list:
 def test_the_c_place_draw_and_its_python_twin_give_the_same_answers():
     """Random places, turn lengths and points (0, just under 1, and between): the
     same place, by identity."""
-    draw_c = _place_twin("c")
+    draw_c = _native_twin("draw_place")
     chance = random.Random(5)
     for _ in range(5000):
         places = _places(chance, chance.randint(1, 12))
@@ -190,7 +187,7 @@ def test_a_place_is_drawn_among_those_of_turns_like_the_one_filed(which):
     """Places of turns of 10, 14 and 300 us: a turn of 12 us draws among the first
     two alike (each half of the points), one of 250 the third only; a turn of no
     known length (0), among all three."""
-    draw = _place_twin(which)
+    draw = _twin(which, "draw_place")
     places = [("short", 0, 0, None, math.log(10)), ("also short", 0, 0, None, math.log(14)),
               ("long", 0, 0, None, math.log(300))]
     like = LIKE
@@ -208,18 +205,11 @@ def test_a_place_is_drawn_among_those_of_turns_like_the_one_filed(which):
     ((None, 5, 0.4, float("nan")), "need places, like >= 0 and 0 <= point < 1, got 1 places, 0.4 and nan"),
 ])
 def test_a_bad_place_draw_gets_one_precise_error(which, args, message):
-    draw = _place_twin(which)
+    draw = _twin(which, "draw_place")
     places, *rest = args
     with pytest.raises(ValueError) as caught:
         draw([(0, 0, 0, None, 1.0)] if places is None else places, *rest)
     assert str(caught.value) == f"draw_place: {message}"
-
-
-def _native_twin(name: str):
-    fn = getattr(switches, f"_native_{name}")
-    if fn is None:
-        native_missing(f"the C {name}")
-    return fn
 
 
 def _clocked_log(chance: random.Random, greenlets: int, entries: int) -> list:
@@ -308,7 +298,7 @@ def test_bad_turn_reads_get_one_precise_error():
 
 def test_a_place_that_is_not_one_is_refused_not_read():
     """(The C one reads the turn length without calling Python: a number or nothing.)"""
-    draw_c = _place_twin("c")
+    draw_c = _native_twin("draw_place")
     good = (0, 0, 0, None, 1.0)
     for bad, message in [((0, 0, 0), "place 1 is not a tuple of 5 or more items"),
                          ((0, 0, 0, None, "2.0"), "place 1's turn length is not a number")]:

@@ -157,13 +157,9 @@ static inline long long ss_drawn_ns(const ss_merge *m, const ss_merged_turn *tur
     return m->all ? turn->used_ns : (long long)((double)turn->draws * m->step);
 }
 
-static int ss_check_draw(const char *fn, PyObject *log, Py_ssize_t i, Py_ssize_t j, Py_ssize_t keep,
-                         Py_ssize_t runs, double point, PyObject *point_obj) {
-    if (i < 1 || j < i || j > PyList_GET_SIZE(log)) {
-        PyErr_Format(PyExc_ValueError, "%s: need 1 <= i <= j <= len(log) (%zd), got i=%zd, j=%zd",
-                     fn, PyList_GET_SIZE(log), i, j);
-        return -1;
-    }
+/* The draw's own arguments, checked alike by every function that draws; -1 with
+ * an error set (`point_obj`: the point as given, for the message). */
+static int ss_check_runs(const char *fn, Py_ssize_t keep, Py_ssize_t runs, double point, PyObject *point_obj) {
     if (keep < 0 || runs < 1 || runs > SS_MAX_DRAWS || !(point >= 0 && point < 1)) {
         PyErr_Format(PyExc_ValueError,
                      "%s: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got %zd, %zd and %R",
@@ -179,7 +175,12 @@ static PyObject *ss_draw_turns(PyObject *m, PyObject *args) {
     double point;
     if (!PyArg_ParseTuple(args, "O!nnnnd:draw_turns", &PyList_Type, &log, &i, &j, &keep, &runs, &point))
         return NULL;
-    if (ss_check_draw("draw_turns", log, i, j, keep, runs, point, PyTuple_GET_ITEM(args, 5)) < 0) return NULL;
+    if (i < 1 || j < i || j > PyList_GET_SIZE(log)) {
+        PyErr_Format(PyExc_ValueError, "draw_turns: need 1 <= i <= j <= len(log) (%zd), got i=%zd, j=%zd",
+                     PyList_GET_SIZE(log), i, j);
+        return NULL;
+    }
+    if (ss_check_runs("draw_turns", keep, runs, point, PyTuple_GET_ITEM(args, 5)) < 0) return NULL;
     if (j - i < 2) return PyList_New(0);  /* (no turn between: entry i is not read) */
     ss_merge merge = {0};
     PyObject *out = NULL;
@@ -277,12 +278,7 @@ static PyObject *ss_log_turns(PyObject *mod, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!LLdnnd:log_turns", &PyList_Type, &log, &since_ns, &until_ns, &origin_us,
                           &keep, &runs, &point))
         return NULL;
-    if (keep < 0 || runs < 1 || runs > SS_MAX_DRAWS || !(point >= 0 && point < 1)) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: need keep >= 0, 1 <= runs <= 65536 and 0 <= point < 1, got %zd, %zd and %R",
-                     fn, keep, runs, PyTuple_GET_ITEM(args, 6));
-        return NULL;
-    }
+    if (ss_check_runs(fn, keep, runs, point, PyTuple_GET_ITEM(args, 6)) < 0) return NULL;
     Py_ssize_t size = PyList_GET_SIZE(log);
     if (size == 0) return PyList_New(0);
     PyObject *head = PyList_GET_ITEM(log, 0);
