@@ -527,6 +527,10 @@ class NativeCollector(Steering):
             # whether it hears of code objects' ends (False: a function made where a
             # freed one was can carry its name for up to 10 ms: codewatch.h)
             "code_watch": bool(stats.get("code_watch", 0)),
+            # samples whose frames above the data stack (generators run from C) the
+            # walk could not read whole: filed from the frame that ran them, which
+            # got their own time (scribblings/sampler.md)
+            "tops_left_out": stats.get("tops_left_out", 0),
         }
 
     @property

@@ -195,6 +195,9 @@ typedef struct {
     int walk_depth;            /* ... its frames (e->frames) ... */
     int walk_lost_code;        /* ... and whether one's code was freed since (forget_code) */
     uint64_t walks_lost_code;  /* walks read again for that */
+    int walk_left_top;         /* collector-only: the last walk left its frames above the data stack out */
+    uint64_t tops_left_out;    /* walks filed so (read_without_top) */
+    uint64_t tops_read_again;  /* walks that did, read again in the same call and filed whole */
     /* statistics */
     uint64_t ticks, late_ticks, missed_ticks, torn, lost, samples, walks, reads_failed;
     uint64_t sleep_asks;       /* reads of a thread's state from /proc (task_state) */
@@ -206,6 +209,7 @@ typedef struct {
     ss_entry *frames;
     uintptr_t *addrs;          /* the frames' own addresses, for marks */
     int32_t *framesizes;       /* the frames' sizes on the data stack, for walk_is_one_moment */
+    ss_entry *frames_kept;     /* a walk kept while another is read (read_without_top) */
     ss_mark *marks_copy;
     uint32_t *marks_out;
     char *chunk_copy;          /* the current data-stack chunk, copied */
@@ -530,6 +534,36 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
     return 1;
 }
 
+#if PY_VERSION_HEX >= 0x030B0000
+/* The last frame on the current data-stack chunk when the thread state was read (as
+ * the chunk's copy shows it, up to view.chunk_top): its address, or 0 when the copy
+ * does not hold the chunk's frames end to end. A suspended generator found on top of
+ * a walk ran, when the state was read, above that frame (its own frame lives in its
+ * generator, not on the data stack), called from it or from other generators above
+ * it. The frames of a chunk lie one after the other from its first (data[1] in a
+ * thread's first chunk, data[0] in the others: CPython's push_chunk), each as long
+ * as its code's frame size; they must end exactly at chunk_top, each with a live
+ * code object. */
+static uintptr_t chunk_last_frame(Engine *e, const ss_regions *r, uintptr_t chunk, uintptr_t chunk_top) {
+    if (r->lo == 0 || r->lo != chunk || chunk_top > r->hi) return 0;
+    const _PyStackChunk *head = (const _PyStackChunk *)e->chunk_copy;
+    uintptr_t at = chunk + offsetof(_PyStackChunk, data) + (head->previous == NULL ? sizeof(PyObject *) : 0);
+    uintptr_t last = 0;
+    for (int n = 0; at < chunk_top; n++) {
+        if (n == SS_MAX_DEPTH || !within(at, SS_FRAME_SIZE, r->lo, r->hi)) return 0;
+        ss_frame f;
+        ss_decode_frame(e->chunk_copy + (at - r->lo), at, &f);
+        int32_t size = 0;
+        uint32_t code_bytes;
+        if (f.skip || f.generator || f.code == 0 || code_identity(e, f.code, &size, &code_bytes) == 0 || size <= 0)
+            return 0;
+        last = at;
+        at += (uintptr_t)size * sizeof(PyObject *);
+    }
+    return at == chunk_top ? last : 0;
+}
+#endif
+
 /* Whether the callers of a walk whose reads were held up still run the code they were
  * read with. A copy is not atomic: the kernel copies a chunk from its low end (the
  * outermost frames) up, and a collector preempted in the middle of it (or between
@@ -579,6 +613,7 @@ static int callers_still_there(Engine *e, const ss_regions *r, int depth) {
  * frame's address and *flags. */
 static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     int64_t began = mono_ns();
+    e->walk_left_top = 0;
     uint64_t dead_before = e->watching_codes ? ss_dead_count() : 0;
     /* One system call reads, in this order: where the top frame is (the sample's
      * moment: ss_top_field), the thread state, and (3.11+) the data-stack chunk that
@@ -685,19 +720,27 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     uintptr_t seen = 0;
     int since_seen = 0, next_keep = 1;
     char own[SS_FRAME_SIZE];
+    /* (3.11+) Frames above the data stack (a generator's, a C-stack shim) are read
+     * one by one after the top, and can have moved on meanwhile. Until the walk
+     * reaches the data stack, a read that fails there (unreadable, a cycle, a
+     * generator suspended since) goes on from the data stack's last frame as it was
+     * when the state was read instead, those frames left out, once per walk
+     * (read_without_top says why and what is filed). */
+    int above_stack = 1, left_top = 0;
     while (addr != 0) {
         if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a chain too long to be real */
-        if (addr == seen) return -2;                /* a cycle: a torn read */
+        if (addr == seen) goto torn_above;          /* a cycle: a torn read */
         if (++since_seen == next_keep) {
             seen = addr;
             since_seen = 0;
             next_keep <<= 1;
         }
         const char *bytes = frame_bytes(e, &r, addr, own);
-        if (bytes == NULL) return -2;
+        if (bytes == NULL) goto torn_above;
         ss_frame f;
         ss_decode_frame(bytes, addr, &f);
 #if PY_VERSION_HEX >= 0x030B0000
+        if (within(addr, SS_FRAME_SIZE, r.lo, r.hi)) above_stack = 0;
         if (!frame_may_be_here(&r, &f)) return -2;
 #else
         /* A caller is executing (a call is under way in it). A frame that ended was
@@ -718,8 +761,8 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
          * caller was suspended after its callee's link to it was read, and the walk
          * would end there (json's encoder: 5% of io_mix's CPU filed under roots at
          * _iterencode_dict). A generator run as a thread's outermost frame (started
-         * from C, before 3.12) is lost to this check. */
-        if (f.generator && f.previous == 0 && !f.skip) return -2;
+         * from C, before 3.12) is lost to this check. (3.11+: see torn_above.) */
+        if (f.generator && f.previous == 0 && !f.skip) goto torn_above;
         if (!f.skip) {
             if (depth < SS_MAX_DEPTH) {
                 e->frames[depth].code = f.code;
@@ -733,6 +776,27 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             *base = addr;
         }
         addr = f.previous;
+        continue;
+    torn_above:  /* (a read above the data stack failed: see above_stack) */
+#if PY_VERSION_HEX >= 0x030B0000
+        if (above_stack && !left_top && !e->want_marks) {
+            uintptr_t last = chunk_last_frame(e, &r, view.chunk, view.chunk_top);
+            if (last != 0) {
+                left_top = e->walk_left_top = 1;
+                depth = 0;
+                *base = 0;
+                *flags = 0;
+                seen = 0;
+                since_seen = 0;
+                next_keep = 1;
+                addr = last;
+                continue;
+            }
+        }
+#else
+        (void)above_stack, (void)left_top;
+#endif
+        return -2;
     }
     if (mono_ns() - began > SS_SLOW_WALK_NS + (int64_t)steps * SS_SLOW_WALK_FRAME_NS) {
         e->slow_walks++;
@@ -975,6 +1039,53 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
     if (n > 0 && (e->shadow_copy[0] & 1)) rec->flags &= ~(uint32_t)SS_PARKED;
 }
 
+/* A walk that could not read the frames above the data stack whole (walk, at
+ * torn_above) holds the frames the thread ran when its state was read from the
+ * data stack's last one on (chunk_last_frame): the stack of that moment, less the
+ * generators (and 3.12+ shims) it ran above them. Why not read again instead: a
+ * generator resumed from C and suspended every few hundred nanoseconds (a
+ * generator expression fed to str.join) is found suspended, or its frames gone,
+ * at a third of the walks in it, and each walk read again comes 5-10 us later (a
+ * read of a few pages costs 1.3-5 us here): the function running it lost a third
+ * of its samples to the code after it, 9-15 points of a loop's CPU on 3.11-3.13
+ * (and part of the 7-12 points gevent_chatty's handler leaned to its parsing on an
+ * AMD host: scribblings/sampler.md).
+ * The thread is read again all the same, until a walk is whole (at most
+ * SS_WALK_TRIES walks in all): where it finds the same function in the same place
+ * (address, code, and as many frames under it: the same call, or the same function
+ * called again from the same callers), that walk is filed, generators and all
+ * (json's encoder chain, whose generators json.dump resumes for each chunk it
+ * writes, keeps its frames: kept out, dump's own time was 51% of a dump loop's for
+ * 37% read again as before and py-spy's 17%); else the walk kept is, and the
+ * generators' own time goes to the frame that ran them. Returns
+ * the depth of the walk filed, in e->frames, *base and *flags (e->addrs are then
+ * the other walk's: walks with marks never leave frames out). */
+static int read_without_top(Engine *e, ss_target *t, int depth, uint64_t *base, uint32_t *flags) {
+    if (depth <= 0) return depth;
+    ss_entry last = e->frames[0];
+    uintptr_t last_addr = e->addrs[0];
+    uint64_t kept_base = *base;
+    uint32_t kept_flags = *flags;
+    memcpy(e->frames_kept, e->frames, (size_t)depth * sizeof *e->frames);
+    for (int attempt = 1; attempt < SS_WALK_TRIES; attempt++) {
+        int again = walk(e, t, base, flags);
+        e->torn_reads += (uint64_t)(again == -2);
+        if (again == -2 || (again > 0 && e->walk_left_top)) continue;  /* (not whole: read again) */
+        int i = 0;
+        while (i < again && e->addrs[i] != last_addr) i++;
+        if (i < again && e->frames[i].code == last.code && again - i == depth) {
+            e->tops_read_again++;
+            return again;
+        }
+        break;  /* whole, and out of that call */
+    }
+    memcpy(e->frames, e->frames_kept, (size_t)depth * sizeof *e->frames);
+    *base = kept_base;
+    *flags = kept_flags;
+    e->tops_left_out++;
+    return depth;
+}
+
 /* A sample's time is read per target, when its walk has ended, not once per tick: on
  * a busy machine this thread can lose its core for milliseconds anywhere in a tick
  * (seen: 6 ms between the tick's clock and a walk), and a stack must be placed no
@@ -1031,6 +1142,7 @@ static void sample_target(Engine *e, ss_target *t) {
             depth = -2;
         }
     }
+    if (depth >= 0 && e->walk_left_top) depth = read_without_top(e, t, depth, &base, &flags);
     rec.wall_ns = mono_ns();
     e->walks++;
     if (depth == -2) {
@@ -1350,6 +1462,7 @@ static void free_buffers(Engine *e) {
     PyMem_RawFree(e->frames);
     PyMem_RawFree(e->addrs);
     PyMem_RawFree(e->framesizes);
+    PyMem_RawFree(e->frames_kept);
     PyMem_RawFree(e->marks_copy);
     PyMem_RawFree(e->marks_out);
     PyMem_RawFree(e->chunk_copy);
@@ -1369,6 +1482,7 @@ static void free_buffers(Engine *e) {
     e->frames = NULL;
     e->addrs = NULL;
     e->framesizes = NULL;
+    e->frames_kept = NULL;
     e->marks_copy = NULL;
     e->marks_out = NULL;
     e->chunk_copy = NULL;
@@ -1414,6 +1528,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->frames = PyMem_RawMalloc(sizeof(ss_entry) * SS_MAX_DEPTH);
     e->addrs = PyMem_RawMalloc(sizeof(uintptr_t) * SS_MAX_DEPTH);
     e->framesizes = PyMem_RawMalloc(sizeof(int32_t) * SS_MAX_DEPTH);
+    e->frames_kept = PyMem_RawMalloc(sizeof(ss_entry) * SS_MAX_DEPTH);
     e->marks_copy = PyMem_RawMalloc(sizeof(ss_mark) * SS_MAX_MARKS);
     e->marks_out = PyMem_RawMalloc(sizeof(uint32_t) * SS_MAX_MARKS);
     e->chunk_copy = PyMem_RawMalloc(SS_CHUNK_COPY_MAX);
@@ -1424,8 +1539,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kw) {
     e->name_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->file_copy = PyMem_RawMalloc(SS_NAME_MAX * 4);
     e->table_copy = PyMem_RawMalloc(SS_TABLE_MAX);
-    if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->framesizes || !e->marks_copy ||
-        !e->marks_out || !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->code_generations || !e->name_copy ||
+    if (!e->active.data || !e->spare.data || !e->frames || !e->addrs || !e->framesizes || !e->frames_kept ||
+        !e->marks_copy || !e->marks_out || !e->chunk_copy || !e->older_copy || !e->codes || !e->copied || !e->code_generations || !e->name_copy ||
         !e->file_copy || !e->table_copy) {
         free_buffers(e);
         PyErr_NoMemory();
@@ -1838,11 +1953,11 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     /* copied under the lock, turned into Python values after it: nothing that may
      * allocate (and so run a collection, and Python code) while the collector waits */
     LOCK(e);
-    unsigned long long n[19] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
+    unsigned long long n[21] = {e->ticks, e->late_ticks, e->missed_ticks, e->torn, e->lost,
                                 e->samples, e->walks, e->reads_failed, e->shadow_reads, e->shadow_misses,
                                 e->reader.calls, e->sleep_asks, e->walks_running, e->found_asleep,
                                 e->torn_reads, e->codes_forgotten, e->slow_walks_torn, e->walks_lost_code,
-                                e->slow_walks};
+                                e->slow_walks, e->tops_left_out, e->tops_read_again};
     int running = e->thread_running, short_slice = e->short_slice, code_watch = e->watching_codes;
     long long code_refresh_ns = (long long)e->code_fresh_ns;
     const char *read_via = e->reader.use_pread ? "/proc/self/mem" : "process_vm_readv";
@@ -1854,11 +1969,12 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused) {
     }
     UNLOCK(e);
     PyObject *d = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisisLsnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsisisisLsnss}", "ticks", n[0], "late_ticks", n[1], "missed_ticks", n[2],
         "torn_samples", n[3], "lost_samples", n[4], "samples", n[5], "walks", n[6], "failed_reads", n[7],
         "shadow_reads", n[8], "shadow_misses", n[9], "read_calls", n[10], "sleep_asks", n[11],
         "walks_running", n[12], "found_asleep", n[13], "torn_reads", n[14], "codes_forgotten", n[15],
         "slow_walks_torn", n[16], "walks_lost_code", n[17], "slow_walks", n[18],
+        "tops_left_out", n[19], "tops_read_again", n[20],
         "running", running, "short_slice", short_slice, "code_watch", code_watch,
         "code_refresh_ns", code_refresh_ns, "buffer_bytes", buffer_bytes, "read_via", read_via);
     if (d == NULL) return NULL;
