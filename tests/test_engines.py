@@ -1088,18 +1088,18 @@ def _joined(fields: dict, reps: int) -> str:
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 keeps no data stack to read the callers from "
                     "(scribblings/sampler.md: a generator found suspended)")
 def test_a_function_running_a_generator_from_c_gets_its_share():
-    """A loop of two parts, each timed with the thread's own clock: one pure Python,
-    one that feeds str.join a generator expression, resumed and suspended every few
+    """A loop of two parts, each timed with the thread's own clock: one pure Python, one
+    that feeds str.join a generator expression, resumed and suspended every few
     hundred nanoseconds. A walk that finds the generator suspended since the top was
     read (or its frames gone) was read again 5-10 us later, often out of the call:
-    the joining part lost a third of its samples to the other part (9-15 points of
-    the two parts' CPU on 3.11-3.13, at 1 ms). Now such a walk keeps the stack of its
-    moment from the data stack's last frame on, and each part gets its share (within
-    2 points in runs of 2 s; about 1,500 samples here, two standard errors 2.5
-    points)."""
+    the joining part lost a fifth to a third of its samples to the other part (7-15
+    points of the two parts' CPU on 3.11-3.13, at 1 ms). Now such a walk keeps the
+    stack of its moment from the data stack's last frame on, and each part gets its
+    share (within 2 points in runs of 2 s; about 1,500 samples here, two standard
+    errors 2.5 points)."""
     fields = _fields(1)
     reps = {}
-    for name, part in (("fields", lambda n: _fields(n)), ("joined", lambda n: _joined(fields, n))):
+    for name, part in (("fields", _fields), ("joined", lambda n: _joined(fields, n))):
         t0 = time.thread_time()
         part(200)
         reps[name] = max(1, round({"fields": 20e-6, "joined": 10e-6}[name] / ((time.thread_time() - t0) / 200)))
