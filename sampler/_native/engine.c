@@ -1263,10 +1263,15 @@ static void wake_feeder(Engine *e) {
     pthread_mutex_unlock(&e->feeder_lock);
 }
 
-/* Whether the thread state at `tstate` is one the collector reads. */
-static int is_target(Engine *e, uintptr_t tstate) {
+/* Whether the thread state at `tstate`, numbered `state_id`, is one the collector
+ * reads. By its number too: a thread started as another ends gets its thread state's
+ * memory (and often its pthread id), and taken for the old target, which the
+ * collector still read until it learnt that thread had ended, it was not looked up:
+ * a thread of 100 ms started with _thread right after another one ended was never
+ * sampled, once in CI. */
+static int is_target(Engine *e, uintptr_t tstate, uint64_t state_id) {
     for (Py_ssize_t i = 0; i < e->n_targets; i++)
-        if (e->targets[i].tstate == tstate && !e->targets[i].gone) return 1;
+        if (e->targets[i].tstate == tstate && e->targets[i].state_id == state_id && !e->targets[i].gone) return 1;
     return 0;
 }
 
@@ -1299,12 +1304,13 @@ static void tick(Engine *e) {
     if (__atomic_load_n(&e->watch_threads, __ATOMIC_RELAXED)) {
         uintptr_t head;
         int framed;
-        uint64_t newest = ss_newest_thread(&e->reader, e->interp, &head, &framed);
+        uint64_t state_id;
+        uint64_t newest = ss_newest_thread(&e->reader, e->interp, &head, &framed, &state_id);
         if (newest != e->newest_thread) {
             e->newest_thread = newest;
             e->thread_news = 1;
         }
-        if (e->thread_news && head != 0 && is_target(e, head)) e->thread_news = 0;
+        if (e->thread_news && head != 0 && is_target(e, head, state_id)) e->thread_news = 0;
         int64_t now = mono_ns();
         if (e->thread_news && (framed || head == 0) && now - e->thread_wake_ns >= SS_THREAD_WAKE_GAP) {
             e->thread_news = 0;

@@ -23,14 +23,16 @@
  * fault-safe read of the state. Also its address (`*head_out`, 0 when not readable)
  * and whether it has a frame (`*framed`): running Python code. */
 static inline uint64_t ss_newest_thread(ss_reader *r, PyInterpreterState *interp, uintptr_t *head_out,
-                                        int *framed) {
+                                        int *framed, uint64_t *state_id) {
     PyThreadState *head = PyInterpreterState_ThreadHead(interp);
     ss_tstate_view view;
     *head_out = 0;
     *framed = 0;
+    *state_id = 0;
     if (head == NULL || ss_read_tstate(r, (uintptr_t)head, &view) != 0) return 0;
     *head_out = (uintptr_t)head;
     *framed = view.top != 0;
+    *state_id = view.id;
     return (view.id * 2 + (view.top != 0)) ^ ((uint64_t)view.thread_id * 0x9E3779B97F4A7C15ULL);
 }
 
