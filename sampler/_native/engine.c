@@ -536,8 +536,8 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
 
 #if PY_VERSION_HEX >= 0x030B0000
 /* The last frame on the current data-stack chunk when the thread state was read (as
- * the chunk's copy shows it, up to view.chunk_top): its address, or 0 when the copy
- * does not hold the chunk's frames end to end. A suspended generator found on top of
+ * the chunk's copy shows it, up to view.chunk_top) that has begun its body: its
+ * address, or 0 when the copy does not hold the chunk's frames end to end. A suspended generator found on top of
  * a walk ran, when the state was read, above that frame (its own frame lives in its
  * generator, not on the data stack), called from it or from other generators above
  * it. The frames of a chunk lie one after the other from its first (data[1] in a
@@ -548,7 +548,8 @@ static uintptr_t chunk_last_frame(Engine *e, const ss_regions *r, uintptr_t chun
     if (r->lo == 0 || r->lo != chunk || chunk_top > r->hi) return 0;
     const _PyStackChunk *head = (const _PyStackChunk *)e->chunk_copy;
     uintptr_t at = chunk + offsetof(_PyStackChunk, data) + (head->previous == NULL ? sizeof(PyObject *) : 0);
-    uintptr_t last = 0;
+    uintptr_t last = 0, before_last = 0;
+    int32_t last_lasti = -1;
     for (int n = 0; at < chunk_top; n++) {
         if (n == SS_MAX_DEPTH || !within(at, SS_FRAME_SIZE, r->lo, r->hi)) return 0;
         ss_frame f;
@@ -557,10 +558,19 @@ static uintptr_t chunk_last_frame(Engine *e, const ss_regions *r, uintptr_t chun
         uint32_t code_bytes;
         if (f.skip || f.generator || f.code == 0 || code_identity(e, f.code, &size, &code_bytes) == 0 || size <= 0)
             return 0;
+        before_last = last;
         last = at;
+        last_lasti = f.lasti;
         at += (uintptr_t)size * sizeof(PyObject *);
     }
-    return at == chunk_top ? last : 0;
+    if (at != chunk_top) return 0;
+    /* A last frame that has not begun its body is being pushed: its code is written
+     * before its caller link, which can still be the link of the frame popped from
+     * that address (a generator function's, called from a generator: 3.11 filed
+     * ['_gen_delegate', '_inner_gen'], its caller _outer_gen lost, 1 run in 100 of
+     * generators_run_from_c). Its caller, the frame under it on the data stack or a
+     * generator above that frame, is at its call: the frame under it is the last. */
+    return last_lasti <= 0 ? before_last : last;
 }
 #endif
 
@@ -726,8 +736,26 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
      * generator suspended since) goes on from the data stack's last frame as it was
      * when the state was read instead, those frames left out, once per walk
      * (read_without_top says why and what is filed). */
-    int above_stack = 1, left_top = 0;
-    while (addr != 0) {
+    int above_stack = 1, left_top = 0, base_generator = 0;
+    for (;;) {
+        if (addr == 0) {
+#if PY_VERSION_HEX >= 0x030B0000
+            /* A chain that ends at a generator's frame without having met the data
+             * stack, while the data stack held frames: those frames were the
+             * generator's callers (a thread's frames on its data stack are all
+             * running, under whatever runs above them), so a link was read stale.
+             * On 3.12 a generator resumed from C links to a shim, and a shim read
+             * as the one under a thread's outermost frame (its caller link 0: an
+             * earlier shim at that address, overwritten since) ended the walk there:
+             * ['<genexpr>'] or ['_inner_gen'] alone, 1 run in 150 of the
+             * generators_run_from_c stress scenario. A thread whose outermost frame
+             * is a generator (run from C) has an empty data stack under it. */
+            if (base_generator && above_stack && view.chunk != 0
+                && view.chunk_top > view.chunk + offsetof(_PyStackChunk, data) + sizeof(PyObject *))
+                goto torn_above;
+#endif
+            break;
+        }
         if (++steps > 2 * SS_MAX_DEPTH) return -2;  /* a chain too long to be real */
         if (addr == seen) goto torn_above;          /* a cycle: a torn read */
         if (++since_seen == next_keep) {
@@ -767,6 +795,24 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
          * _iterencode_dict). A generator run as a thread's outermost frame (started
          * from C, before 3.12) is lost to this check. (3.11+: see torn_above.) */
         if (f.generator && f.previous == 0 && !f.skip) goto torn_above;
+        /* Bytes of no one moment: a frame being pushed, a 3.12 shim being written
+         * (pyframes.h, ss_shim_code). The walk after would also throw out the first;
+         * the second runs no Python code and would be filed as a top. (A shim's own
+         * instruction pointer is no code's: 3.13's runs no code object.) */
+        if (!f.skip && f.lasti == SS_LASTI_TORN) goto torn_above;
+#if PY_VERSION_HEX >= 0x030B0000
+        /* A frame with no caller off the data stack that is no generator's: a
+         * generator's frame being copied out of the data-stack frame that made it
+         * (its owner not yet set: ['<genexpr>'] alone, read through a C frame's stale
+         * link, 1 run in 100 of generators_run_from_c on 3.11 and 3.13). From 3.12
+         * every Python frame has a caller (a shim under a thread's outermost); on
+         * 3.11 one that has not begun its body is taken as such a copy (a
+         * greenlet's outermost frame, when its switch falls between the top's read
+         * and the state's, is elsewhere and has begun). */
+        if (!f.skip && !f.generator && f.previous == 0 && chunk_of(&r, addr) < 0
+            && (PY_VERSION_HEX >= 0x030C0000 || f.lasti <= 0))
+            goto torn_above;
+#endif
         if (!f.skip) {
             if (depth < SS_MAX_DEPTH) {
                 e->frames[depth].code = f.code;
@@ -778,6 +824,7 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
                 *flags |= SS_TRUNCATED;
             }
             *base = addr;
+            base_generator = f.generator;
         }
         addr = f.previous;
         continue;
@@ -787,6 +834,7 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             uintptr_t last = chunk_last_frame(e, &r, view.chunk, view.chunk_top);
             if (last != 0) {
                 left_top = e->walk_left_top = 1;
+                base_generator = 0;
                 depth = 0;
                 *base = 0;
                 *flags = 0;
@@ -798,7 +846,7 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             }
         }
 #else
-        (void)above_stack, (void)left_top;
+        (void)above_stack, (void)left_top, (void)base_generator;
 #endif
         return -2;
     }
@@ -1066,7 +1114,7 @@ static void use_shadow(Engine *e, ss_target *t, ss_record *rec) {
  * the other walk's: walks with marks never leave frames out). */
 static int read_without_top(Engine *e, ss_target *t, int depth, uint64_t *base, uint32_t *flags) {
     if (depth <= 0) return depth;
-    ss_entry last = e->frames[0];
+    uint64_t last_code = e->frames[0].code;
     uintptr_t last_addr = e->addrs[0];
     uint64_t kept_base = *base;
     uint32_t kept_flags = *flags;
@@ -1077,7 +1125,7 @@ static int read_without_top(Engine *e, ss_target *t, int depth, uint64_t *base, 
         if (again == -2 || (again > 0 && e->walk_left_top)) continue;  /* (not whole: read again) */
         int i = 0;
         while (i < again && e->addrs[i] != last_addr) i++;
-        if (i < again && e->frames[i].code == last.code && again - i == depth) {
+        if (i < again && e->frames[i].code == last_code && again - i == depth) {
             e->tops_read_again++;
             return again;
         }
@@ -2197,6 +2245,9 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&EngineType) < 0) return NULL;
     ss_gil_find();
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    ss_shim_code = (uintptr_t)PyInterpreterState_Get()->interpreter_trampoline;
+#endif
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL) return NULL;
     Py_INCREF(&EngineType);

@@ -185,6 +185,20 @@ typedef PyFrameObject ss_raw_frame_t;
 #  define SS_FRAME_SIZE (offsetof(PyFrameObject, f_state) + sizeof(PyFrameState))
 #endif
 
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+/* 3.12: the code object every C-stack shim runs (the interpreter's
+ * interpreter_trampoline), set when the engine's module loads (0 in memprof, which
+ * reads its own thread under the GIL: whole frames). A frame running it that is not
+ * owned by the C stack is a shim being written: 3.12 points the thread state at a new
+ * C frame before it writes that C frame's current_frame and the shim's fields, so a
+ * read in between follows the C frame's stale current_frame to the shim an earlier
+ * call left at the same C-stack address, part rewritten, part overwritten since (its
+ * caller link too). Filed as it was, it made a sample whose top is no Python code:
+ * ['run_generators', '_gen_join', '<interpreter trampoline>'], 1 in 1,696 samples of
+ * a CI run of the generators_run_from_c stress scenario. */
+static uintptr_t ss_shim_code;
+#endif
+
 /* Decode SS_FRAME_SIZE bytes copied from address addr. */
 static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *out) {
     out->addr = addr;
@@ -206,6 +220,7 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
     out->code = (uintptr_t)SS_FIELD(bytes, ss_raw_frame_t, f_code);
 #  if PY_VERSION_HEX >= 0x030C0000
     out->skip = SS_FIELD(bytes, ss_raw_frame_t, owner) == FRAME_OWNED_BY_CSTACK;
+    int shim_being_written = !out->skip && out->code != 0 && out->code == ss_shim_code;
 #  endif
 #else
     int lasti = SS_FIELD(bytes, ss_raw_frame_t, f_lasti);
@@ -224,6 +239,9 @@ static inline void ss_decode_frame(const void *bytes, uintptr_t addr, ss_frame *
         intptr_t off = (intptr_t)instr - (intptr_t)(out->code + offsetof(PyCodeObject, co_code_adaptive));
         out->lasti = off < -2 || off > INT32_MAX ? SS_LASTI_TORN : (int32_t)off;
     }
+#  if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+    if (shim_being_written) out->lasti = SS_LASTI_TORN;
+#  endif
 #endif
     if (out->lasti < -1 && out->lasti != SS_LASTI_TORN) out->lasti = -1;  /* a frame about to start */
 }
