@@ -537,13 +537,13 @@ static int walk_is_one_moment(Engine *e, const ss_regions *r, int depth) {
 #if PY_VERSION_HEX >= 0x030B0000
 /* The last frame on the current data-stack chunk when the thread state was read (as
  * the chunk's copy shows it, up to view.chunk_top) that has begun its body: its
- * address, or 0 when the copy does not hold the chunk's frames end to end. A suspended generator found on top of
- * a walk ran, when the state was read, above that frame (its own frame lives in its
- * generator, not on the data stack), called from it or from other generators above
- * it. The frames of a chunk lie one after the other from its first (data[1] in a
- * thread's first chunk, data[0] in the others: CPython's push_chunk), each as long
- * as its code's frame size; they must end exactly at chunk_top, each with a live
- * code object. */
+ * address, or 0 when the copy does not hold the chunk's frames end to end. A
+ * suspended generator found on top of a walk ran, when the state was read, above
+ * that frame (its own frame lives in its generator, not on the data stack), called
+ * from it or from other generators above it. The frames of a chunk lie one after
+ * the other from its first (data[1] in a thread's first chunk, data[0] in the
+ * others: CPython's push_chunk), each as long as its code's frame size; they must
+ * end exactly at chunk_top, each with a live code object. */
 static uintptr_t chunk_last_frame(Engine *e, const ss_regions *r, uintptr_t chunk, uintptr_t chunk_top) {
     if (r->lo == 0 || r->lo != chunk || chunk_top > r->hi) return 0;
     const _PyStackChunk *head = (const _PyStackChunk *)e->chunk_copy;
