@@ -616,6 +616,67 @@ def test_a_thread_that_switches_greenlets_has_every_read_filed():
     assert same["plain"] > 10 and same["switching"] == 0, same
 
 
+@pytest.mark.engines("native")
+def test_greenlets_that_switch_all_the_time_are_read_whole():
+    """Two greenlets of one thread hand over to each other every few microseconds,
+    so that many reads fall in a switch. On 3.12+ greenlet rewrites the frame links
+    of a greenlet as it switches so as to skip the C-stack shims (it "exposes" its
+    frames), and the outermost frame is then left with no caller: the walk refused
+    such a stack as torn and read the thread again, 64% of the walks on 3.12 and 47%
+    on 3.13 here (45-60% of the benchmark's gevent_chatty, 16 client greenlets of a
+    gevent server on loopback, whose handler's parsing got 6 points too many on
+    3.12); 1% since on 3.12, 12% on 3.13. Every sample in a greenlet is one of the
+    loop's stacks."""
+    stop = threading.Event()
+
+    def work() -> int:
+        return sum(i * i for i in range(30))
+
+    def side(peer: int) -> None:
+        while not stop.is_set():
+            work()
+            pair[peer].switch()
+
+    def ping() -> None:
+        side(1)
+
+    def pong() -> None:
+        side(0)
+
+    pair: list = []
+
+    def run() -> None:
+        pair.extend([greenlet.greenlet(ping), greenlet.greenlet(pong)])
+        pair[0].switch()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        ctl = create_sampler(t, 0.001)
+        engine = ctl._collector._engine
+        # (looked at every 0.1 s: a look takes the GIL from the loop)
+        until = time.monotonic() + 30
+        while engine.stats()["walks"] < 600 and time.monotonic() < until:
+            time.sleep(0.1)
+        stats = engine.stats()
+        ctl.stop()
+    finally:
+        stop.set()
+        t.join()
+    snaps = ctl.get_snapshots()
+    bad = []
+    for sid in set(snaps.sample_stack):
+        names = [f.name.rsplit(".", 1)[-1] for f in reversed(snaps.stack_frames(sid))] if sid else []
+        if "side" in names and names[:2] not in (["ping", "side"], ["pong", "side"]):
+            bad.append(names)
+        if names[2:] not in ([], ["work"], ["work", "<genexpr>"], ["is_set"]) and "side" in names:
+            bad.append(names)
+    assert not bad, bad[:3]
+    if sys.version_info[:2] == (3, 12):  # (elsewhere other tears remain: 3.10 and 3.13
+        # read again 30-45% of these walks beside a busy process, 0-12% without one)
+        assert stats["torn_reads"] < 0.3 * stats["walks"], stats
+
+
 def test_the_switch_log_copied_from_a_time_on_is_the_whole_logs_tail_from_there():
     """``switch_log(ident, since_ns)``, the native engine's copy at each drain: from
     the second latest entry logged by ``since_ns`` on (the one in force then, and
