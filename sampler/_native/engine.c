@@ -876,14 +876,15 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
     for (int i = 0; i < depth && !torn; i++) {
         uint32_t code_bytes;
         e->frames[i].fingerprint = code_identity(e, (uintptr_t)e->frames[i].code, &e->framesizes[i], &code_bytes);
-        /* An instruction pointer outside its code: most likely the bytes of a
+        /* An instruction pointer past its code's end: most likely the bytes of a
          * frame being pushed, its caller link written and its code not yet, so
          * the code read is whatever that memory held before. On 3.13, 1 run in
          * ~1,000 of the two_call_chains stress scenario named a function no
          * thread of the process ever ran (Future.__init__, write_text) right
          * above a real caller. The instruction pointer is written after the code,
-         * so in such bytes it is stale as well, and almost never inside the code. */
-        torn = e->frames[i].lasti == SS_LASTI_TORN || (code_bytes && e->frames[i].lasti >= (int32_t)code_bytes);
+         * so in such bytes it is stale as well, and almost never inside the code.
+         * (One before the code is caught as the frame is read: SS_LASTI_TORN.) */
+        torn = code_bytes && e->frames[i].lasti >= (int32_t)code_bytes;
     }
     hear_of_freed_codes(e);
     int lost = e->walk_lost_code;
