@@ -93,7 +93,8 @@ class _Context:
 
     __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident",
                  "top", "top_lasti", "top_sid", "base_sid", "base_marks", "back",
-                 "back_base_sid", "back_base_marks", "tick", "last_sid", "last_marks", "os_last")
+                 "back_base_sid", "back_base_marks", "tick", "last_sid", "last_marks", "os_last",
+                 "links")
 
     def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
@@ -118,6 +119,10 @@ class _Context:
         # of a thread: the context that took its OS thread's last sample (itself, or
         # the context of the greenlet that was running then)
         self.os_last: Optional["_Context"] = None
+        # of the last walk, when its top is a generator's or a coroutine's frame: its
+        # callers down to the first plain one, each with its instruction offset (a
+        # caller of None: the chain ended there); see _links_hold
+        self.links: Optional[tuple] = None
 
 
 class _CodeFrames(dict):
@@ -443,13 +448,22 @@ class Recorder:
         sample reads; filed at the next tick, its time would be capped by the CPU
         used since, most often nothing, or never filed at all after the last tick.
 
-        ``now`` is when the collector took the GIL for this tick.  The GIL can change
-        hands while the collector walks a stack, and the thread walked may then move
-        on, its frames returning and dropping their marks.  When the tick took long
-        enough for that to be possible, each thread must still be in the frame its
-        walk started from (then every caller read was live throughout, and stack and
-        marks agree); a thread that moved is walked again from where it is now, twice
-        at most, and otherwise counted in ``torn_samples`` instead of being recorded.
+        The GIL can change hands anywhere in a tick, also within microseconds of
+        the collector taking it (measured in the ``threads_churn`` stress program:
+        about one tick in 800 found a thread moved on by its end, some of them ticks
+        of under 100 us, where the old rule, that a holder keeps the GIL a switch
+        interval, had them safe and unchecked), and a thread being walked may move
+        on meanwhile.  A plain frame that returned keeps its callers (the walk reads
+        a stack the thread has just left), but a generator's frame that yielded has
+        none: its walk ends there (``['gen']``).  So after the walks every thread is
+        looked at once more (``current_frames``, one call for all, under a
+        microsecond): it must still be in the frame its walk started from (then
+        every caller read was executing throughout, and stack and marks agree), and
+        when that frame is a generator's or a coroutine's, which can yield and be
+        resumed in between, its callers down to the first plain frame must be the
+        ones the walk read (:func:`_links_hold`).  A thread that moved is walked
+        again from where it is now, twice at most, and otherwise counted in
+        ``torn_samples`` instead of being recorded.
         """
         self._tick += 1
         wall_us = int((now - self.start) * 1e6)
@@ -470,25 +484,30 @@ class Recorder:
         self._file_collections(gc_watch)  # every one that ended by now, the clocks read
         if kept != len(self._walked):
             self._drop_stale_walks()
-        if not walked:
-            return
-        if time.perf_counter() - now < sys.getswitchinterval() / 2:
-            # No other thread can have run: CPython only takes the GIL from a thread
-            # that has held it for a whole switch interval (and the collector gives
-            # it up nowhere on this path), so every walk saw a still picture.
-            for target, ctx, cpu_us, frame, sid, marks in walked:
-                self._store(ctx, sid, marks, wall_us, cpu_us, frame)
-            return
+        if walked:
+            self._store_checked(walked, wall_us, current_frames)
+
+    def _store_checked(self, walked: list, wall_us: int,
+                       current_frames: Callable[[], dict]) -> None:
+        """Store each walk whose thread is still where the walk found it (see
+        :meth:`record_tick`); walk the others again, twice at most.
+
+        Only a thread that still lives is walked again: the ident of one that ended
+        can name a thread started since, whose stack was walked and filed as the
+        ended thread's (``threads_churn``: a thread started with ``_thread``, its
+        ``short`` outermost, filed under the ``threading`` thread whose ident it
+        took, as a stack that did not start at ``Thread._bootstrap``)."""
         for attempt in range(3):
             fresh = current_frames()
             again = []
             for target, ctx, cpu_us, frame, sid, marks in walked:
                 now_at = fresh.get(target.ident)
-                if now_at is frame:
+                if now_at is frame and (ctx.links is None or _links_hold(frame, ctx.links)):
                     self._store(ctx, sid, marks, wall_us, cpu_us, frame)
                     continue
                 ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
-                if target.kind == "thread" and now_at is not None and attempt < 2:
+                if (target.kind == "thread" and now_at is not None and attempt < 2
+                        and _thread_lives(ctx.clock)):
                     again.append((target, ctx, cpu_us, now_at) + self._walk(ctx, now_at))
                 else:
                     self.torn_samples += 1
@@ -535,6 +554,7 @@ class Recorder:
         """
         want_marks = self.sample_marks is not None
         ctx.tick = self._tick
+        ctx.links = None
         if frame is ctx.top:
             lasti = frame.f_lasti
             if lasti == ctx.top_lasti:
@@ -551,9 +571,12 @@ class Recorder:
                 below, below_marks = ctx.base_sid, ctx.base_marks
             else:
                 below, below_marks = ctx.back_base_sid, ctx.back_base_marks
-            sid = self._child(below, back.f_code, back.f_lasti)
+            lasti = back.f_lasti
+            sid = self._child(below, back.f_code, lasti)
             base_marks = self._marks_of(back) + below_marks if want_marks else ()
             ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
+            if frame.f_code.co_flags & _RESUMABLE:
+                ctx.links = ((back, lasti),)  # (a cached frame is a plain one)
         elif frame is ctx.back:
             sid, base_marks = ctx.back_base_sid, ctx.back_base_marks
             ctx.back = None  # its caller's own base is not known
@@ -582,7 +605,10 @@ class Recorder:
                     own = self._marks_of(f)
                     if own:
                         base_marks = own + base_marks
-            del chain, f
+            del f
+            if frame.f_code.co_flags & _RESUMABLE:
+                ctx.links = _links_of(chain)
+            del chain
             if back is not None and not back.f_code.co_flags & _RESUMABLE:
                 ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
             else:
@@ -674,17 +700,20 @@ class Recorder:
 
     # -- instrumented stacks (use_errortrace, see sampler.shadow) ---------------------
     def record_tick_shadow(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
-                           shadow: Any, gc_watch: Any = None) -> None:
+                           shadow: Any, gc_watch: Any = None,
+                           current_frames: Callable[[], dict] = sys._current_frames) -> None:
         """As :meth:`record_tick`, but each running target's stack is its thread's
         shadow stack (``shadow.stack_of(ident)``: code objects and C functions'
         frames, outermost first), copied whole under the GIL by this single writer.
-        A thread with no shadow stack yet (no event since sampling started) is walked.
-        Marks still come from the live frames.  ``gc_watch``'s collections are filed
+        A thread with no shadow stack yet (no event since sampling started) is walked,
+        and its walk checked as :meth:`record_tick` checks them.  Marks still come from
+        the live frames.  ``gc_watch``'s collections are filed
         after each target's CPU clock is read, before its sample."""
         self._tick += 1
         wall_us = int((now - self.start) * 1e6)
         want_marks = self.sample_marks is not None
         collecting = _collecting(gc_watch)
+        walked = []
         for target, frame in targets:
             if collecting is not None and target.ident == collecting:
                 continue
@@ -695,12 +724,14 @@ class Recorder:
             ctx, cpu_us = found
             entries = shadow.stack_of(target.ident)
             if entries is None:
-                sid, marks = self._walk(ctx, frame)
-            else:
-                sid = self._shadow_stack_id(entries)
-                marks = self._walk(ctx, frame)[1] if want_marks else ()
+                walked.append((target, ctx, cpu_us, frame) + self._walk(ctx, frame))
+                continue
+            sid = self._shadow_stack_id(entries)
+            marks = self._walk(ctx, frame)[1] if want_marks else ()
             self._store(ctx, sid, marks, wall_us, cpu_us, frame)
         self._file_collections(gc_watch)
+        if walked:
+            self._store_checked(walked, wall_us, current_frames)
         self._drop_stale_walks()
 
     def _shadow_stack_id(self, entries: tuple) -> int:
@@ -906,6 +937,51 @@ class Recorder:
             return [() for _ in range(n)]
         sets = self._mark_sets[:]
         return [sets[m] for m in self.sample_marks[:n]]
+
+
+def _thread_lives(clock: Optional[int]) -> bool:
+    """Whether the OS thread of a CPU clock (see :mod:`sampler.clocks`) lives: then
+    its ident names it still (idents are unique among live threads).  ``False``
+    where that cannot be told."""
+    if clock is None or _clock_gettime is None:
+        return False
+    try:
+        _clock_gettime(clock)
+    except OSError:
+        return False
+    return True
+
+
+def _links_of(chain: list) -> tuple:
+    """The links a walk read under a generator's or a coroutine's frame (``chain``:
+    its callers, innermost first): each caller and its instruction offset down to
+    the first plain frame, or to the chain's end (a caller of ``None``)."""
+    links = []
+    for f in chain:
+        links.append((f, f.f_lasti))
+        if not f.f_code.co_flags & _RESUMABLE:
+            return tuple(links)
+    links.append((None, -1))
+    return tuple(links)
+
+
+def _links_hold(top: FrameType, links: tuple) -> bool:
+    """Whether ``top``'s callers are still the ones its walk read (``links``, see
+    :func:`_links_of`), called with ``top`` running now.  A generator yields and is
+    resumed again under any caller; a walk that read it while it was suspended found
+    no caller (its link is cleared at a yield) and ended there.  The first plain
+    frame, once found running again where it was, has been in its call all along, so
+    everything under it is as the walk read it."""
+    f = top
+    for caller, lasti in links:
+        if f.f_back is not caller:
+            return False
+        if caller is None:
+            return True
+        if caller.f_lasti != lasti:
+            return False
+        f = caller
+    return True
 
 
 def _is_file(frame: Frame, tail: str) -> bool:

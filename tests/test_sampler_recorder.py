@@ -234,3 +234,150 @@ def test_collections_filed_together_never_take_more_cpu_than_the_thread_used():
     rec.append_sample(ctx, work, 1000, 200)
     snaps = rec.snapshot(RunInfo(engine="native"))
     assert list(snaps.cpu_deltas()) == [0, 180, 20, 0]
+
+
+def _stack_now(ident: int) -> list[str]:
+    """The names on a thread's stack now, outermost first."""
+    import sys
+
+    names = []
+    f = sys._current_frames().get(ident)
+    while f is not None:
+        names.append(f.f_code.co_name)
+        f = f.f_back
+    return names[::-1]
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the thread never got there"
+        time.sleep(0.001)
+
+
+def _recorded_stacks(rec: Recorder) -> list[list[str]]:
+    snaps = rec.snapshot(RunInfo())
+    return [[f.name.rpartition(".")[2] for f in snaps.stack_frames(s)][::-1]
+            for s in snaps.sample_stack]
+
+
+@pytest.mark.engines("python")
+def test_a_generator_read_on_top_that_yields_and_resumes_within_the_tick_is_walked_again():
+    """A generator's frame is resumed under any caller; while it is suspended its
+    link to a caller is cleared.  A tick that read it on top, then let the GIL go
+    while it yielded, walked it alone (``['gen']``); by the tick's last look it was
+    running again, the same frame on top: that look must also find the callers the
+    walk read.  Here the walk reads the generator suspended, and the last look
+    (``current_frames``) first lets the thread resume it from another function."""
+    from sampler.tracking import thread_target
+
+    ready, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    blocked = threading.Lock()
+    blocked.acquire()
+    gens = {}
+
+    def gen():
+        while True:
+            yield
+            blocked.acquire()  # a C call from the generator: its frame is on top
+            blocked.release()
+
+    def resume(g) -> None:
+        next(g)
+
+    def body() -> None:
+        g = gen()
+        next(g)  # suspended at its first yield
+        gens["g"] = g
+        ready.set()
+        go_on.wait()
+        resume(g)
+        done.wait()
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        ready.wait()
+        read = gens["g"].gi_frame  # on top at the tick's read; suspended at its walk
+        looks = []
+
+        def current_frames() -> dict:
+            import sys
+
+            if not looks:  # the GIL goes to the thread: it resumes the generator
+                go_on.set()
+                _until(lambda: sys._current_frames().get(t.ident) is read)
+            looks.append(None)
+            return sys._current_frames()
+
+        rec = Recorder([], time.perf_counter())
+        rec.record_tick([(thread_target(t, t.ident), read)], time.perf_counter(),
+                        current_frames=current_frames)
+        assert _recorded_stacks(rec) == [_stack_now(t.ident)]
+        assert _recorded_stacks(rec)[0][-3:] == ["body", "resume", "gen"]
+        assert len(looks) == 2 and rec.torn_samples == 0  # walked again, then checked
+    finally:
+        go_on.set()
+        blocked.release()
+        done.set()
+        t.join()
+
+
+@pytest.mark.engines("python")
+def test_a_thread_that_ended_while_its_tick_let_the_gil_go_is_not_filed_as_the_next_with_its_ident():
+    """A thread that moved while its tick let the GIL go is walked again from where
+    its ident is now; one that ended meanwhile can have left its ident to a thread
+    started since (glibc reuses an ended thread's stack, and with it its ident),
+    and that thread's stack was filed as the ended one's (CI, ``threads_churn``
+    stress program: a ``_thread`` thread's ``['short']`` under a ``threading``
+    thread, not started at ``Thread._bootstrap``).  Here a tick is handed the top
+    frame of a thread that has ended since, its ident now another thread's: that
+    thread must not be filed under it (the sample is dropped, counted torn)."""
+    import _thread
+
+    from sampler.clocks import read_cpu, thread_clock_id
+    from sampler.tracking import thread_target
+
+    entered, go_on = threading.Event(), threading.Event()
+    frames = {}
+
+    def short() -> None:
+        frames["short"] = __import__("sys")._getframe()
+        entered.set()
+        go_on.wait()
+
+    ended = threading.Thread(target=short)
+    ended.start()
+    entered.wait()
+    target = thread_target(ended, ended.ident)
+    read = frames.pop("short")
+    clock = thread_clock_id(ended.native_id, ended.ident)
+    go_on.set()
+    ended.join()
+    _until(lambda: read_cpu(clock) is None)  # its OS thread is gone too
+
+    release = threading.Lock()
+    release.acquire()
+    started = []
+
+    def newcomer() -> None:
+        started.append(_thread.get_ident())
+        if started[-1] == ended.ident:
+            release.acquire()  # keep the ident until the tick is done
+            release.release()
+
+    try:
+        for _ in range(50):
+            count = len(started)
+            _thread.start_new_thread(newcomer, ())
+            _until(lambda: len(started) > count)
+            if started[-1] == ended.ident:
+                break
+        else:
+            pytest.skip("no new thread got the ended thread's ident (not glibc?)")
+        _until(lambda: "newcomer" in _stack_now(ended.ident))
+        rec = Recorder([], time.perf_counter() - 2.0)
+        rec.record_tick([(target, read)], time.perf_counter() - 1.0)  # a tick that took 1 s
+        assert _recorded_stacks(rec) == [] and rec.torn_samples == 1
+    finally:
+        release.release()
