@@ -93,8 +93,7 @@ class _Context:
 
     __slots__ = ("id", "wall_us", "cpu_us", "clock", "running", "kind", "ident",
                  "top", "top_lasti", "top_sid", "base_sid", "base_marks", "back",
-                 "back_base_sid", "back_base_marks", "tick", "last_sid", "last_marks", "os_last",
-                 "links")
+                 "back_base_sid", "back_base_marks", "tick", "last_sid", "last_marks", "os_last")
 
     def __init__(self, cid: int, wall_us: int, cpu_us: int, clock: Optional[int],
                  kind: str, ident: Optional[int]) -> None:
@@ -119,10 +118,6 @@ class _Context:
         # of a thread: the context that took its OS thread's last sample (itself, or
         # the context of the greenlet that was running then)
         self.os_last: Optional["_Context"] = None
-        # of the last walk, when its top is a generator's or a coroutine's frame: its
-        # callers down to the first plain one, each with its instruction offset (a
-        # caller of None: the chain ended there); see _links_hold
-        self.links: Optional[tuple] = None
 
 
 class _CodeFrames(dict):
@@ -477,10 +472,10 @@ class Recorder:
             if found is None:
                 continue
             ctx, cpu_us = found
-            sid, marks = self._walk(ctx, frame)
+            sid, marks, links = self._walk(ctx, frame)
             if ctx.top is not None or ctx.back is not None:
                 kept += 1
-            walked.append((target, ctx, cpu_us, frame, sid, marks))
+            walked.append((target, ctx, cpu_us, frame, sid, marks, links))
         self._file_collections(gc_watch)  # every one that ended by now, the clocks read
         if kept != len(self._walked):
             self._drop_stale_walks()
@@ -500,9 +495,9 @@ class Recorder:
         for attempt in range(3):
             fresh = current_frames()
             again = []
-            for target, ctx, cpu_us, frame, sid, marks in walked:
+            for target, ctx, cpu_us, frame, sid, marks, links in walked:
                 now_at = fresh.get(target.ident)
-                if now_at is frame and (ctx.links is None or _links_hold(frame, ctx.links)):
+                if now_at is frame and (links is None or _links_hold(frame, links)):
                     self._store(ctx, sid, marks, wall_us, cpu_us, frame)
                     continue
                 ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
@@ -543,8 +538,12 @@ class Recorder:
                 ctx.cpu_us = int(cpu * 1e6)
         return ctx.cpu_us
 
-    def _walk(self, ctx: _Context, frame: FrameType) -> tuple[int, tuple]:
-        """The stack id and the marks (innermost first) of the stack topped by ``frame``.
+    def _walk(self, ctx: _Context, frame: FrameType) -> tuple[int, tuple, Optional[tuple]]:
+        """The stack id and the marks (innermost first) of the stack topped by
+        ``frame``, and when ``frame`` is a generator's or a coroutine's, the links
+        under it that the walk read, for the tick's check (:func:`_links_of`;
+        ``None`` for a plain frame, whose identity is enough).  Handed back, never
+        kept: they hold frames.
 
         Three cheap cases before a full walk: ``frame`` is the cached top (same or new
         offset); its caller is the cached top or the cached top's caller (a call made
@@ -554,7 +553,6 @@ class Recorder:
         """
         want_marks = self.sample_marks is not None
         ctx.tick = self._tick
-        ctx.links = None
         if frame is ctx.top:
             lasti = frame.f_lasti
             if lasti == ctx.top_lasti:
@@ -563,8 +561,9 @@ class Recorder:
                 sid = ctx.top_sid = self._child(ctx.base_sid, frame.f_code, lasti)
                 ctx.top_lasti = lasti
             if want_marks:
-                return sid, self._marks_of(frame) + ctx.base_marks
-            return sid, ()
+                return sid, self._marks_of(frame) + ctx.base_marks, None
+            return sid, (), None
+        links = None
         back = frame.f_back
         if back is not None and (back is ctx.top or back is ctx.back):
             if back is ctx.top:
@@ -576,7 +575,7 @@ class Recorder:
             base_marks = self._marks_of(back) + below_marks if want_marks else ()
             ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
             if frame.f_code.co_flags & _RESUMABLE:
-                ctx.links = ((back, lasti),)  # (a cached frame is a plain one)
+                links = ((back, lasti),)  # (a cached frame is a plain one)
         elif frame is ctx.back:
             sid, base_marks = ctx.back_base_sid, ctx.back_base_marks
             ctx.back = None  # its caller's own base is not known
@@ -607,7 +606,7 @@ class Recorder:
                         base_marks = own + base_marks
             del f
             if frame.f_code.co_flags & _RESUMABLE:
-                ctx.links = _links_of(chain)
+                links = _links_of(chain)
             del chain
             if back is not None and not back.f_code.co_flags & _RESUMABLE:
                 ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
@@ -624,8 +623,8 @@ class Recorder:
         if ctx.top is not None or ctx.back is not None:
             self._walked[ctx] = None
         if want_marks:
-            return top_sid, self._marks_of(frame) + base_marks
-        return top_sid, ()
+            return top_sid, self._marks_of(frame) + base_marks, links
+        return top_sid, (), links
 
     def _marks_of(self, frame: FrameType) -> tuple:
         entries = frame_marks.get(frame)
