@@ -73,8 +73,12 @@ def test_smoke_issue9_workloads(tmp_path):
         assert truth and abs(sum(truth.values()) - 1) < 1e-9 and set(truth) == set(s[w]["parts"]), w
         # (the Python engine may find handoff's server, and gevent_chatty's handlers,
         # only where they wait, in a run this short: then it saw no part, and has no
-        # error to give)
-        assert s[w]["accuracy"][OURS]["error_points"] is not None or w in ("handoff", "gevent_chatty"), w
+        # error to give; and it wins the GIL about one time in nine against
+        # threads8's eight busy threads: 12 ticks in a smoke run on a quiet machine,
+        # and beside a busy process (3.13, a test run and stress runs beside it) none
+        # in the parts)
+        assert (s[w]["accuracy"][OURS]["error_points"] is not None
+                or w in ("handoff", "gevent_chatty", "threads8")), w
     assert s["bursty"]["truth"]["bst_crunch"] > 0.5  # the naps take (almost) no CPU
     assert 1.2 < s["gevent_chatty"]["truth"]["gvc_parse"] / s["gevent_chatty"]["truth"]["gvc_reply"] < 3.5
     naps = s["greenlet_naps"]["truth"]  # (the main greenlet's naps too; the workers 1:2)
