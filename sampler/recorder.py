@@ -433,7 +433,8 @@ class Recorder:
     def record_tick(self, targets: list[tuple[Target, Optional[FrameType]]], now: float,
                     current_frames: Callable[[], dict] = sys._current_frames,
                     gc_watch: Any = None) -> None:
-        """Append one sample per running target (called by the single writer).
+        """Append one sample per running target (called by the single writer), each
+        at wall time ``now`` (the tick's ``perf_counter()``).
 
         ``gc_watch`` (a :class:`sampler.gctime.GCWatch`): its collections are filed
         (:meth:`record_gc`) after the targets' CPU clocks are read, before their
