@@ -502,8 +502,10 @@ class Recorder:
                     self._store(ctx, sid, marks, wall_us, cpu_us, frame)
                     continue
                 ctx.top = ctx.back = None  # the walk may have seen a stack being torn down
+                # (a thread whose CPU clock no longer reads has ended: its ident
+                # may name another thread by now; a live thread's ident is its own)
                 if (target.kind == "thread" and now_at is not None and attempt < 2
-                        and _thread_lives(ctx.clock)):
+                        and read_cpu(ctx.clock) is not None):
                     again.append((target, ctx, cpu_us, now_at) + self._walk(ctx, now_at))
                 else:
                     self.torn_samples += 1
@@ -564,6 +566,8 @@ class Recorder:
             if want_marks:
                 return sid, self._marks_of(frame) + ctx.base_marks, None
             return sid, (), None
+        code = frame.f_code
+        resumable = code.co_flags & _RESUMABLE
         links = None
         back = frame.f_back
         if back is not None and (back is ctx.top or back is ctx.back):
@@ -575,7 +579,7 @@ class Recorder:
             sid = self._child(below, back.f_code, lasti)
             base_marks = self._marks_of(back) + below_marks if want_marks else ()
             ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
-            if frame.f_code.co_flags & _RESUMABLE:
+            if resumable:
                 links = ((back, lasti),)  # (a cached frame is a plain one)
         elif frame is ctx.back:
             sid, base_marks = ctx.back_base_sid, ctx.back_base_marks
@@ -594,29 +598,28 @@ class Recorder:
             known = self._trie._stack_ids
             for f in reversed(chain):  # outermost first
                 below, below_marks = sid, base_marks
-                code = f.f_code
+                f_code = f.f_code
                 lasti = f.f_lasti
-                entry = codes.get(id(code))
+                entry = codes.get(id(f_code))
                 fid = entry.get(lasti) if entry is not None else None
                 if fid is None:
-                    fid = self._frame_id(code, lasti)
+                    fid = self._frame_id(f_code, lasti)
                 sid = known.get((sid, fid)) or self._trie.stack_id(sid, fid)
                 if want_marks:
                     own = self._marks_of(f)
                     if own:
                         base_marks = own + base_marks
             del f
-            if frame.f_code.co_flags & _RESUMABLE:
+            if resumable:
                 links = _links_of(chain)
             del chain
             if back is not None and not back.f_code.co_flags & _RESUMABLE:
                 ctx.back, ctx.back_base_sid, ctx.back_base_marks = back, below, below_marks
             else:
                 ctx.back = None
-        code = frame.f_code
         lasti = frame.f_lasti
         top_sid = self._child(sid, code, lasti)
-        if code.co_flags & _RESUMABLE:
+        if resumable:
             ctx.top = None
         else:
             ctx.top, ctx.top_lasti, ctx.top_sid = frame, lasti, top_sid
@@ -937,19 +940,6 @@ class Recorder:
             return [() for _ in range(n)]
         sets = self._mark_sets[:]
         return [sets[m] for m in self.sample_marks[:n]]
-
-
-def _thread_lives(clock: Optional[int]) -> bool:
-    """Whether the OS thread of a CPU clock (see :mod:`sampler.clocks`) lives: then
-    its ident names it still (idents are unique among live threads).  ``False``
-    where that cannot be told."""
-    if clock is None or _clock_gettime is None:
-        return False
-    try:
-        _clock_gettime(clock)
-    except OSError:
-        return False
-    return True
 
 
 def _links_of(chain: list) -> tuple:

@@ -9,6 +9,7 @@ import pytest
 from sampler import Frame, RunInfo
 from sampler.recorder import Recorder
 from sampler.tracking import Target
+from sampling_helpers import function_names, wait_until
 
 
 def test_stacks_marks_and_samples_through_the_engine_entry_points():
@@ -248,17 +249,10 @@ def _stack_now(ident: int) -> list[str]:
     return names[::-1]
 
 
-def _until(condition) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, "the thread never got there"
-        time.sleep(0.001)
-
-
 def _recorded_stacks(rec: Recorder) -> list[list[str]]:
+    """The names of each sample's frames, outermost first."""
     snaps = rec.snapshot(RunInfo())
-    return [[f.name.rpartition(".")[2] for f in snaps.stack_frames(s)][::-1]
-            for s in snaps.sample_stack]
+    return [[n.rpartition(".")[2] for n in function_names(snaps, i)][::-1] for i in range(len(snaps))]
 
 
 @pytest.mark.engines("python")
@@ -306,7 +300,7 @@ def test_a_generator_read_on_top_that_yields_and_resumes_within_the_tick_is_walk
 
             if not looks:  # the GIL goes to the thread: it resumes the generator
                 go_on.set()
-                _until(lambda: sys._current_frames().get(t.ident) is read)
+                wait_until(lambda: sys._current_frames().get(t.ident) is read, what="the generator resumed")
             looks.append(None)
             return sys._current_frames()
 
@@ -354,7 +348,7 @@ def test_a_thread_that_ended_while_its_tick_let_the_gil_go_is_not_filed_as_the_n
     clock = thread_clock_id(ended.native_id, ended.ident)
     go_on.set()
     ended.join()
-    _until(lambda: read_cpu(clock) is None)  # its OS thread is gone too
+    wait_until(lambda: read_cpu(clock) is None, what="its OS thread to end")
 
     release = threading.Lock()
     release.acquire()
@@ -370,12 +364,12 @@ def test_a_thread_that_ended_while_its_tick_let_the_gil_go_is_not_filed_as_the_n
         for _ in range(50):
             count = len(started)
             _thread.start_new_thread(newcomer, ())
-            _until(lambda: len(started) > count)
+            wait_until(lambda: len(started) > count, what="the new thread")
             if started[-1] == ended.ident:
                 break
         else:
             pytest.skip("no new thread got the ended thread's ident (not glibc?)")
-        _until(lambda: "newcomer" in _stack_now(ended.ident))
+        wait_until(lambda: "newcomer" in _stack_now(ended.ident), what="the newcomer in its call")
         rec = Recorder([], time.perf_counter() - 2.0)
         rec.record_tick([(target, read)], time.perf_counter() - 1.0)  # a tick that took 1 s
         assert _recorded_stacks(rec) == [] and rec.torn_samples == 1
