@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -179,7 +179,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
                 print(f"{r['workload']}: failed: {r['error'][-200:]}")
             else:
                 print(f"{r['workload']} at {r['delay'] * 1000:g} ms ({r['engine']}): {r['ratio']:.4f}x "
-                      f"± {r['two_se']:.4f} (2 SE, {r['pairs']} pairs); collector "
+                      f"± {r['two_se']:.4f} (2 SE, {r['pairs']} pairs; spread {100 * r['spread']:.1f}%, "
+                      f"control pairs {100 * (r['control_spread'] or 0):.1f}%); collector "
                       f"{r['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
                       + (f", filing {r['filing_ms_per_s']:.1f} ms/s with the GIL"
                          if r.get("filing_ms_per_s") is not None else ""))

@@ -26,7 +26,6 @@ import statistics
 import sys
 import threading
 import time
-from array import array
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,6 +38,7 @@ from sampler.tracking import Tracker  # noqa: E402
 
 DEPTH = 50
 SETTLE = 0.02  # seconds between a resume (or not) and the block timed after it
+CONTROL_EVERY = 3  # sampled pairs per control pair (both blocks paused), interleaved: paired_cost
 
 
 def _leaf(iterations: int) -> int:
@@ -147,6 +147,19 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
     of sampling. (A paused sampler's greenlet switch hook still logs each switch:
     its cost, measured apart, is not in it.)
 
+    The standard error is the pairs' spread (of their logs) over the square root of
+    their number, the spread taken no smaller than that of the *control pairs*: one
+    after every :data:`CONTROL_EVERY` pairs, both blocks paused, timed the same way
+    (the machine's own noise in one ratio, with no sampler in it). A shared host's
+    speed wanders from block to block: with no profiler at all, the ratio of two
+    0.1 s blocks of ``function_bias`` 20 ms apart spread 14% (one standard deviation
+    of the logs, AMD host), and 30 pairs whose spread happened to come out at half
+    that were judged to twice the precision the machine has: ``gil_call`` at 1 ms
+    read 1.061x ± 0.022, "falls short", where 200 pairs since read 1.017x ± 0.015.
+    A sampler can add noise, not take the machine's away, so the larger spread is
+    the one to trust (``harness.slowdown_estimate`` floors fresh-process runs the
+    same way).
+
     A sampled block's time includes the filing of its own samples: the native
     engine files what its C thread took on the feeder's turns with the GIL, every
     0.25 s or when its buffer is half full, and a block of 0.1 s, paused right
@@ -159,7 +172,8 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
     ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
     filer = _filer(ctl)
     file_samples, feeder_cpu = filer or ((lambda: None), (lambda: 0.0))
-    logs = []
+    logs: list[float] = []
+    controls: list[float] = []
     sampled_seconds = filing_seconds = 0.0
     try:
         for p in range(pairs):
@@ -180,14 +194,25 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
                     sampled_seconds += times[sampled]
                     ctl("pause")
             logs.append(math.log(times[True] / times[False]))
+            if p % CONTROL_EVERY == CONTROL_EVERY - 1:
+                first, second = [(time.sleep(SETTLE), block())[1] for _ in range(2)]
+                # (the later block over the earlier one, then the reverse: what the
+                # order alone does cancels, as it does in the sampled pairs)
+                controls.append(math.log(second / first) * (1 if len(controls) % 2 == 0 else -1))
     finally:
         ctl.stop()
     run = ctl.get_snapshots().runs[0]
     mean = statistics.fmean(logs)
-    se = statistics.stdev(logs) / len(logs) ** 0.5 if len(logs) > 1 else None
-    two_se = (math.exp(mean + 2 * se) - math.exp(mean - 2 * se)) / 2 if se is not None else None
+    spread = statistics.stdev(logs) if len(logs) > 1 else None
+    control_spread = statistics.stdev(controls) if len(controls) > 1 else None
+    se = two_se = None
+    if spread is not None:
+        se = max(spread, control_spread or 0.0) / len(logs) ** 0.5
+        two_se = (math.exp(mean + 2 * se) - math.exp(mean - 2 * se)) / 2
     return {"delay": delay, "pairs": pairs, "log_mean": mean, "se": se, "ratio": math.exp(mean),
             "two_se": two_se, "ratios": [round(math.exp(x), 4) for x in logs],
+            "spread": spread, "control_spread": control_spread,
+            "control_ratios": [round(math.exp(x), 4) for x in controls],
             "collector_cpu_per_tick_us": run.collector_cpu / max(run.ticks, 1) * 1e6,
             # the native engine's filing: CPU with the GIL, per second of sampled blocks
             "filing_ms_per_s": filing_seconds / sampled_seconds * 1e3

@@ -788,10 +788,14 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
     paused in turn inside one process: ``bench_sampler.py``'s deep stack in 1 and 4
     threads, ``micro``, and ``bench_running.py``'s workloads, ``per_workload``:
     engine -> rows), per engine and delay: the geometric mean of the pairs' ratios
-    beyond two standard errors (:func:`attribution.within`). Between fresh processes
-    wall time differs by 1-4% with no profiler at all, more than the 1% to resolve;
-    within one process the pairs cancel that, and 30-40 pairs resolve a few tenths
-    of a percent. What a run pays once (starting, the final drain) is not in it."""
+    beyond two standard errors (:func:`attribution.within`), the pairs' spread taken
+    no smaller than that of the paused/paused control pairs measured beside them
+    (``bench_sampler.paired_cost``). Between fresh processes wall time differs by
+    1-4% with no profiler at all, more than the 1% to resolve; within one process the
+    pairs cancel that, but not the host's speed wandering from block to block: on the
+    shared AMD host one ratio of two unprofiled 0.1 s blocks spreads 12-15%, so 30
+    pairs resolve about 5% and 200 about 2%. What a run pays once (starting, the
+    final drain) is not in it."""
     checks: list[dict] = []
     rows = [(engine, x) for engine, one in (micro or {}).items() for x in (one or {}).get("running_cost", [])]
     rows += [(engine, x) for engine, xs in (per_workload or {}).items() for x in xs or [] if "error" not in x]
@@ -805,10 +809,20 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
         checks.append(_check(
             f"slowdown, {config}, {label}", x["ratio"], f"<= {limit:.2f}x", _slowdown_within(est, limit),
             f"{_slowdown_text(est)}; {x['pairs']} pairs of {x['block_seconds']:g} s blocks in one "
-            f"process; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
+            f"process{_spreads_text(x)}; collector {x['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
             + (f", filing {x['filing_ms_per_s']:.1f} ms/s with the GIL" if x.get("filing_ms_per_s") is not None else ""),
             config, "slowdown", label))
     return checks
+
+
+def _spreads_text(x: dict) -> str:
+    """``, spread 6.1% (control pairs 14.0%)``: a running cost's spread, one ratio's,
+    beside that of its paused/paused control pairs, which floors it (rows measured
+    before there were control pairs: nothing)."""
+    if x.get("spread") is None or x.get("control_spread") is None:
+        return ""
+    return (f", spread {100 * x['spread']:.1f}% ({len(x.get('control_ratios') or ())} control pairs "
+            f"{100 * x['control_spread']:.1f}%)")
 
 
 def _check(what: str, value: Optional[float], target: str, ok: Optional[bool], note: str = "",

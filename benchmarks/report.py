@@ -511,7 +511,8 @@ def _running_costs(per_engine: Optional[dict]) -> list[str]:
         lines += [f"## Each workload's running cost (`benchmarks/bench_running.py`, {engine} engine)", "",
                   "Each workload in a process of its own: one sampler (every thread, GC time on) resumed and "
                   "paused around blocks of the workload's run, in pairs; the geometric mean of the pairs' "
-                  "ratios (sampled / paused) ± two standard errors, and the collector's CPU per tick. What a "
+                  "ratios (sampled / paused) ± two standard errors (the pairs' spread no smaller than that of "
+                  "control pairs, both blocks paused, measured beside them), and the collector's CPU per tick. What a "
                   "run pays once (start, first look at each code object, final drain) is not in it: the "
                   "slowdown between fresh processes above keeps it.", ""]
         delays = sorted({x["delay"] for x in rows if "error" not in x}, reverse=True)

@@ -288,10 +288,11 @@ def test_the_running_cost_is_measured_in_one_process_and_judged(monkeypatch):
     for engine in ("native", "python"):
         monkeypatch.setenv("STACKSHOT_ENGINE", engine)
         try:
-            x = bench_sampler.running_cost(0.005, 2, pairs=3, block_seconds=0.02)
+            x = bench_sampler.running_cost(0.005, 2, pairs=6, block_seconds=0.02)
         except ImportError:
             continue  # (the extension is not built: the Python engine's row is enough)
-        assert x["engine"] == engine and x["threads"] == 2 and len(x["ratios"]) == 3
+        assert x["engine"] == engine and x["threads"] == 2 and len(x["ratios"]) == 6
+        assert len(x["control_ratios"]) == 2 and x["control_spread"] > 0
         assert x["se"] > 0 and x["two_se"] > 0 and abs(math.log(x["ratio"]) - x["log_mean"]) < 1e-12
         assert x["collector_cpu_per_tick_us"] > 0
         ran.append(engine)
@@ -371,6 +372,50 @@ def test_a_sampled_blocks_time_includes_the_filing_of_its_samples(monkeypatch):
         assert clock["filings"] == 0
         assert cost["ratios"] == [1.0] * 4
         assert cost["filing_ms_per_s"] is None
+
+
+def test_a_running_costs_noise_is_no_smaller_than_its_control_pairs(monkeypatch):
+    """Pairs whose ratios happen to agree (1.03x and 1.04x in turn) beside control
+    pairs, both blocks paused, that differ by a fifth (the host's own noise): the
+    standard error is the control pairs' spread over the square root of the number
+    of pairs, not the pairs' own, and a cost that the pairs alone would put beyond
+    1.01x is left open. On a fake clock, each block's time by its turn in
+    ``paired_cost``'s order (a pair, and after every ``CONTROL_EVERY``-th a control
+    pair)."""
+    import math
+    import statistics
+
+    from benchmarks import bench_sampler
+    from benchmarks.harness import judge_running_cost
+
+    class FakeTime:
+        perf_counter = staticmethod(lambda: 0.0)
+        thread_time = staticmethod(lambda: 0.0)
+        sleep = staticmethod(lambda seconds: None)
+
+    pairs = 2 * bench_sampler.CONTROL_EVERY
+    times = []
+    for p in range(pairs):
+        sampled = 0.1 * (1.03 if p % 4 < 2 else 1.04)
+        times += [0.1, sampled] if p % 2 == 0 else [sampled, 0.1]
+        if p % bench_sampler.CONTROL_EVERY == bench_sampler.CONTROL_EVERY - 1:
+            times += [0.1, 0.12]
+    blocks = iter(times)
+    monkeypatch.setattr(bench_sampler, "time", FakeTime)
+    monkeypatch.setattr(bench_sampler, "_filer", lambda ctl: None)  # (nothing timed around the blocks)
+    cost = bench_sampler.paired_cost(lambda: next(blocks), 0.005, pairs)
+    assert next(blocks, None) is None  # (every block was run, in that order)
+    assert cost["ratios"] == [1.03, 1.03, 1.04, 1.04, 1.03, 1.03]
+    assert cost["control_ratios"] == [1.2, round(1 / 1.2, 4)]
+    control = statistics.stdev([math.log(1.2), -math.log(1.2)])
+    assert cost["control_spread"] == pytest.approx(control)
+    assert cost["spread"] < control / 10
+    assert cost["se"] == pytest.approx(control / pairs ** 0.5)
+    row = dict(cost, block_seconds=0.1, workload="bursty", engine="native")
+    alone = dict(row, se=cost["spread"] / pairs ** 0.5)
+    assert [c["ok"] for c in judge_running_cost(None, {"native": [alone, row]})] == [False, None]
+    note = judge_running_cost(None, {"native": [row]})[0]["note"]
+    assert f", spread {100 * cost['spread']:.1f}% (2 control pairs {100 * control:.1f}%)" in note
 
 
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
