@@ -136,10 +136,12 @@ def share_bias(profiled: Sequence[Mapping[str, float]], truth: Sequence[Mapping[
     taken run by run, so the truth's drift between runs drops out).
 
     Returns ``{"points": largest |difference|, "part": its part, "parts": {part:
-    [difference, standard error or None]}}``, or None without runs on both sides."""
+    [difference, standard error or None]}, "dof": the standard errors' degrees of
+    freedom}``, or None without runs on both sides. (Unpaired, the fewer runs' side
+    sets the degrees of freedom: the conservative end of Welch's.)"""
     if not profiled or not truth or (paired and len(profiled) != len(truth)):
         return None
-    out: dict = {"parts": {}}
+    out: dict = {"parts": {}, "dof": (len(profiled) if paired else min(len(profiled), len(truth))) - 1}
     for k in parts:
         x = [100 * s.get(k, 0.0) for s in profiled]
         y = [100 * s.get(k, 0.0) for s in truth]
@@ -157,20 +159,44 @@ def share_bias(profiled: Sequence[Mapping[str, float]], truth: Sequence[Mapping[
     return out
 
 
+# Student's t, 97.5th percentile, by degrees of freedom (beyond the table: 2, the
+# normal's two standard errors that every verdict used before)
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+         12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def reach(dof: Optional[int]) -> float:
+    """How many standard errors a bias's 95% range spans when its standard error comes
+    from runs with ``dof`` degrees of freedom (their number less one): Student's t,
+    never under 2. A spread taken from 3 runs is itself a guess (one time in ten it
+    comes out under a third of the true one), and two standard errors of it claimed
+    a precision the runs do not have: two quick runs in a row had a check "fall
+    short" on 3 runs of 0.4 s that 8 runs of 2 s put within the target (native 1 ms
+    ``handoff``, 4.0 ± 0.5 against 1.2 ± 1.3; native 5 ms ``gevent_server``, 7.0 ±
+    4.4 against 0.7 ± 0.6). With 3 runs the range is 4.3 standard errors."""
+    if not dof or dof < 1 or dof > max(_T975):
+        return 2.0
+    return _T975[max(d for d in _T975 if d <= dof)]  # (between entries: the one below, wider)
+
+
 def bias_text(bias: dict) -> str:
-    """``1.2 ± 0.8 (`part`)``: a :func:`share_bias` with two standard errors, its
-    part named (no standard error: the figure alone)."""
+    """``1.2 ± 0.8 (`part`)``: a :func:`share_bias` with its 95% range
+    (:func:`reach`), its part named (no standard error: the figure alone)."""
     se = bias["parts"][bias["part"]][1]
-    return f"{bias['points']:.1f}" + (f" ± {2 * se:.1f}" if se is not None else "") + f" (`{bias['part']}`)"
+    return (f"{bias['points']:.1f}" + (f" ± {reach(bias.get('dof')) * se:.1f}" if se is not None else "")
+            + f" (`{bias['part']}`)")
 
 
-def within_limit(bias: Optional[dict], limit: float, z: float = 2.0) -> Optional[bool]:
+def within_limit(bias: Optional[dict], limit: float, z: Optional[float] = None) -> Optional[bool]:
     """Whether ``bias`` (:func:`share_bias`) is within ``limit`` points beyond its noise:
     True when every part's difference is, even ``z`` standard errors out; False when
     some part's is beyond it, even ``z`` standard errors in; None when noise leaves it
-    open (or a standard error is unknown)."""
+    open (or a standard error is unknown). ``z``: by default the bias's 95% range
+    for the number of runs it comes from (:func:`reach`)."""
     if bias is None:
         return None
+    if z is None:
+        z = reach(bias.get("dof"))
     verdicts = [within(abs(d), se, limit, z) for d, se in bias["parts"].values()]
     if False in verdicts:
         return False

@@ -722,8 +722,8 @@ def judge_targets(summary: dict) -> list[dict]:
             a = acc.get(c, {})
             if ws["truth"]:
                 # Judged on the bias against each run's own clocks (every part's
-                # thread_time in the profiled run itself), mean over runs, beyond two
-                # standard errors: the parts' costs drift between runs by about as much
+                # thread_time in the profiled run itself), mean over runs, beyond its
+                # 95% range (attribution.reach): the parts' costs drift between runs by about as much
                 # as the target, so no number of runs on this machine resolves 2 points
                 # against the no-profiler runs (that figure is beside it).
                 own, bias = a.get("own_bias"), a.get("bias")
@@ -739,7 +739,7 @@ def judge_targets(summary: dict) -> list[dict]:
                         "; ".join(x for x in beside if x), c, "attribution", w)
             elif a.get("beside_reference") is not None and a["beside_reference"]["bias"] is not None:
                 # Judged as a truth is: the bias, function by function, against
-                # py-spy-1000 recording the same processes, beyond two standard errors
+                # py-spy-1000 recording the same processes, beyond its 95% range
                 # (the figures across processes beside it).
                 beside = a["beside_reference"]
                 floor = tvd_noise_floor(ws, CONFIGS[c]["delay"])
@@ -914,7 +914,7 @@ def _slowdown_text(est: Optional[dict], z: float = 2.0) -> str:
 
 
 def _bias_text(what: str, bias: Optional[dict]) -> str:
-    """``what: 1.2 ± 0.8 (part)``: a bias with two standard errors, its part named."""
+    """``what: 1.2 ± 0.8 (part)``: a bias with its 95% range, its part named."""
     return f"{what}: {attribution.bias_text(bias)}" if bias is not None else ""
 
 

@@ -126,7 +126,7 @@ def render_markdown(result: dict) -> str:
               "time by function from py-spy at 1000 Hz, in points. stackshot's rows there are judged "
               "as against a truth, on runs that py-spy-1000 recorded too, from outside, in the same "
               "processes: each function's share against py-spy's of the same process, the mean over "
-              "runs beyond two standard errors (a program's own split moves from process to process "
+              "runs beyond its 95% range (a program's own split moves from process to process "
               "by more than the target). Without such runs, the TVD across processes is judged "
               "against py-spy's own at the row's sampling rate (a 5 ms row: py-spy-200's, as it has a "
               "fifth of the samples; a 1 ms row: py-spy-1000's from run to run). stackshot weighs "
@@ -142,8 +142,8 @@ def render_markdown(result: dict) -> str:
         lines += ["## Issue 9's targets: met or not, per engine and delay", "",
                   "A target is met by a row only if every workload's check below meets it, and not met "
                   "if one falls short; where neither, noise leaves a check open (*unresolved*: attribution "
-                  "is judged on the bias over all runs, and slowdown on the mean of the paired ratios, "
-                  "beyond two standard errors). "
+                  "is judged on the bias over all runs beyond its 95% range, Student's t for the runs' "
+                  "number, and slowdown on the mean of the paired ratios beyond two standard errors). "
                   "*worst* is the farthest figure (workload in brackets).", ""]
         rows = []
         for v in summary9:
@@ -491,7 +491,7 @@ def _issue9_sections(result: dict) -> list[str]:
         if beside:
             lines += ["", "The same rows beside py-spy-1000 recording the same processes: the median TVD "
                       "of self time from it, run by run, and the largest bias of one function (the mean "
-                      "over runs of its share's difference, ± two standard errors).", ""]
+                      "over runs of its share's difference, ± its 95% range).", ""]
             rows = []
             for w in tvd_w:
                 cells = []

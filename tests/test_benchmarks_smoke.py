@@ -138,9 +138,10 @@ def test_attribution_reduces_stacks_and_tables():
 
 
 def test_attribution_tells_a_bias_from_sampling_noise():
-    """The attribution verdict: a bias within the limit even two standard errors out
-    meets it, one beyond it even two standard errors in falls short, and one that
-    noise could put on either side stays open."""
+    """The attribution verdict: a bias within the limit even at the far end of its 95%
+    range meets it, one beyond it even at the near end falls short, and one that
+    noise could put on either side stays open. The range is Student's t for the
+    runs' number: a spread taken from 3 runs is a guess."""
     sys.path.insert(0, REPO)
     from benchmarks import attribution
 
@@ -161,6 +162,18 @@ def test_attribution_tells_a_bias_from_sampling_noise():
     d, se = unpaired["parts"]["a"]
     assert abs(d - 1.0) < 1e-9 and abs(se - 2 / 3 ** 0.5) < 1e-9
     assert attribution.within_limit(unpaired, 2.0) is None
+    # a bias whose three runs happen to agree: beyond 2 points by two standard errors
+    # of their spread, but that spread is a guess from 3 runs (Student's t: 4.3 of
+    # them); the same spread over 8 runs decides it
+    lucky = attribution.share_bias(runs(0.53, 0.535, 0.545), truth[:1] * 3, ("a", "b"), paired=True)
+    assert lucky["dof"] == 2 and attribution.reach(2) == pytest.approx(4.30)
+    assert attribution.within_limit(lucky, 2.0, z=2.0) is False
+    assert attribution.within_limit(lucky, 2.0) is None
+    assert attribution.bias_text(lucky) == f"3.7 ± {4.30 * lucky['parts']['a'][1]:.1f} (`a`)"
+    eight = attribution.share_bias(runs(*[0.53, 0.535, 0.545, 0.5383] * 2), truth[:1] * 8, ("a", "b"),
+                                   paired=True)
+    assert eight["dof"] == 7 and attribution.within_limit(eight, 2.0) is False
+    assert attribution.reach(None) == attribution.reach(500) == 2.0  # (many runs, or none said)
     # paired runs must pair up; one run has no standard error
     assert attribution.share_bias(runs(0.5), truth, ("a", "b"), paired=True) is None
     assert attribution.within_limit(attribution.share_bias(runs(0.5), truth[:1], ("a", "b"), paired=True), 2.0) is None
@@ -208,7 +221,7 @@ def test_a_truthless_workload_is_judged_on_py_spys_noise_at_the_rows_rate():
 def test_a_truthless_workload_recorded_by_py_spy_in_the_same_processes_is_judged_on_the_bias():
     """Runs that py-spy-1000 recorded too, in the same processes, judge a row as a
     truth does: each function's share against py-spy's of the same process, the mean
-    over runs beyond two standard errors. A row whose processes drifted (its TVD
+    over runs beyond its 95% range. A row whose processes drifted (its TVD
     across processes over the floor) but that agrees with py-spy run by run meets
     it; one 4 points off in every run does not; the figures across processes stay
     beside it."""
@@ -219,9 +232,9 @@ def test_a_truthless_workload_recorded_by_py_spy_in_the_same_processes_is_judged
                 "reference_profile": {"self": spy}}
 
     # the program's own split moves from process to process; both samplers see it move
-    agree = [run({"f": 60, "g": 22, "h": 18}, {"f": 61, "g": 21, "h": 18}),
-             run({"f": 63, "g": 17, "h": 20}, {"f": 62, "g": 18, "h": 20}),
-             run({"f": 58, "g": 20, "h": 22}, {"f": 58.5, "g": 20, "h": 21.5})]
+    agree = [run({"f": 60, "g": 22, "h": 18}, {"f": 60.3, "g": 21.8, "h": 17.9}),
+             run({"f": 63, "g": 17, "h": 20}, {"f": 62.8, "g": 17.2, "h": 20}),
+             run({"f": 58, "g": 20, "h": 22}, {"f": 58.2, "g": 19.9, "h": 21.9})]
     off = [run({"f": p["f"] - 4, "g": p["g"] + 4, "h": p["h"]}, p)
            for p in ({"f": 61, "g": 21, "h": 18}, {"f": 62, "g": 18, "h": 20}, {"f": 58, "g": 20, "h": 22})]
     row = "stackshot-native-1ms"
