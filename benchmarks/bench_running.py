@@ -155,6 +155,11 @@ def run_all(names: list[str], pairs: int, block_seconds: float, python: str = sy
     return rows
 
 
+def _percent(x: Optional[float]) -> str:
+    """A spread as a percentage, or "unknown" (too few pairs to have one)."""
+    return "unknown" if x is None else f"{100 * x:.1f}%"
+
+
 def main(argv: Optional[list[str]] = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_running", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="30 pairs of 0.1 s blocks (else 60 of 0.2 s)")
@@ -179,8 +184,8 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
                 print(f"{r['workload']}: failed: {r['error'][-200:]}")
             else:
                 print(f"{r['workload']} at {r['delay'] * 1000:g} ms ({r['engine']}): {r['ratio']:.4f}x "
-                      f"± {r['two_se']:.4f} (2 SE, {r['pairs']} pairs; spread {100 * r['spread']:.1f}%, "
-                      f"control pairs {100 * (r['control_spread'] or 0):.1f}%); collector "
+                      f"± {r['two_se'] or float('nan'):.4f} (2 SE, {r['pairs']} pairs; spread "
+                      f"{_percent(r['spread'])}, control pairs {_percent(r['control_spread'])}); collector "
                       f"{r['collector_cpu_per_tick_us']:.0f} µs CPU/tick"
                       + (f", filing {r['filing_ms_per_s']:.1f} ms/s with the GIL"
                          if r.get("filing_ms_per_s") is not None else ""))

@@ -351,6 +351,17 @@ def test_each_workloads_running_cost_is_measured_in_a_process_of_its_own_and_jud
     assert "µs/tick" in md
 
 
+def test_a_running_cost_of_one_pair_is_printed_with_its_spread_unknown(capsys):
+    """``python -m benchmarks.bench_running --pairs 1``: one pair has no spread (nor
+    control pairs): each row is printed saying so, not a traceback."""
+    from benchmarks import bench_running
+
+    rows = bench_running.main(["--workloads", "bursty", "--pairs", "1", "--block", "0.02"])
+    assert [(r["delay"], r["spread"], r["control_spread"]) for r in rows] == [(0.005, None, None), (0.001, None, None)]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all("(2 SE, 1 pairs; spread unknown, control pairs unknown)" in line for line in out)
+
+
 def test_a_sampled_blocks_time_includes_the_filing_of_its_samples(monkeypatch):
     """The native engine files its samples on the feeder's turns, which mostly fall
     after a short block: ``paired_cost`` files what came before a sampled block
