@@ -196,8 +196,9 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
             logs.append(math.log(times[True] / times[False]))
             if p % CONTROL_EVERY == CONTROL_EVERY - 1:
                 first, second = [(time.sleep(SETTLE), block())[1] for _ in range(2)]
-                # (the later block over the earlier one, then the reverse: what the
-                # order alone does cancels, as it does in the sampled pairs)
+                # (the later block over the earlier one, then the reverse, as the
+                # sampled pairs alternate their order: what the order alone does
+                # spreads both alike)
                 controls.append(math.log(second / first) * (1 if len(controls) % 2 == 0 else -1))
     finally:
         ctl.stop()

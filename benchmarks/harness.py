@@ -723,9 +723,10 @@ def judge_targets(summary: dict) -> list[dict]:
             if ws["truth"]:
                 # Judged on the bias against each run's own clocks (every part's
                 # thread_time in the profiled run itself), mean over runs, beyond its
-                # 95% range (attribution.reach): the parts' costs drift between runs by about as much
-                # as the target, so no number of runs on this machine resolves 2 points
-                # against the no-profiler runs (that figure is beside it).
+                # 95% range (attribution.reach): the parts' costs drift between runs
+                # by about as much as the target, so no number of runs on this machine
+                # resolves 2 points against the no-profiler runs (that figure is
+                # beside it).
                 own, bias = a.get("own_bias"), a.get("bias")
                 e = a.get("error_points")
                 if own is not None:
