@@ -817,13 +817,18 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
 
 
 def _spreads_text(x: dict) -> str:
-    """``, spread 6.1% (control pairs 14.0%)``: a running cost's spread, one ratio's,
-    beside that of its paused/paused control pairs, which floors it (rows measured
-    before there were control pairs: nothing)."""
+    """``, spread 6.1% (10 control pairs 14.0%), median pair 1.004x [0.998, 1.011]``:
+    a running cost's spread, one ratio's, beside that of its paused/paused control
+    pairs, which floors it, and its median pair with a range of about 95%
+    (``bench_sampler.median_range``: steadier than the mean where the host's noise
+    puts a few pairs far out; shown, not judged). Rows measured before there were
+    control pairs: nothing."""
     if x.get("spread") is None or x.get("control_spread") is None:
         return ""
+    median = (f", median pair {x['median']:.3f}x [{x['median_range'][0]:.3f}, {x['median_range'][1]:.3f}]"
+              if x.get("median_range") else "")
     return (f", spread {100 * x['spread']:.1f}% ({len(x.get('control_ratios') or ())} control pairs "
-            f"{100 * x['control_spread']:.1f}%)")
+            f"{100 * x['control_spread']:.1f}%){median}")
 
 
 def _check(what: str, value: Optional[float], target: str, ok: Optional[bool], note: str = "",

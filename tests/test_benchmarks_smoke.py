@@ -440,6 +440,11 @@ def test_a_running_costs_noise_is_no_smaller_than_its_control_pairs(monkeypatch)
     assert [c["ok"] for c in judge_running_cost(None, {"native": [alone, row]})] == [False, None]
     note = judge_running_cost(None, {"native": [row]})[0]["note"]
     assert f", spread {100 * cost['spread']:.1f}% (2 control pairs {100 * control:.1f}%)" in note
+    # the median pair beside the mean, with the sign test's range (shown, not judged)
+    assert cost["median"] == pytest.approx(1.03) and cost["median_range"] == [1.03, 1.04]
+    assert ", median pair 1.030x [1.030, 1.040]" in note
+    ratios = [1 + i / 1000 for i in range(100)]  # (the 41st and the 60th: about 95%, 94.3 exactly)
+    assert bench_sampler.median_range(ratios[::-1]) == (pytest.approx(1.0495), 1.04, 1.059)
 
 
 def test_smoke_gc_heavy_reports_the_collections_time(tmp_path):
