@@ -199,11 +199,14 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
                     ctl("pause")
             logs.append(math.log(times[True] / times[False]))
             if p % CONTROL_EVERY == CONTROL_EVERY - 1:
-                first, second = [(time.sleep(SETTLE), block())[1] for _ in range(2)]
+                both = []
+                for _ in range(2):  # (timed as a paused block of a pair is)
+                    time.sleep(SETTLE)
+                    both.append(block())
                 # (the later block over the earlier one, then the reverse, as the
                 # sampled pairs alternate their order: what the order alone does
                 # spreads both alike)
-                controls.append(math.log(second / first) * (1 if len(controls) % 2 == 0 else -1))
+                controls.append(math.log(both[1] / both[0]) * (1 if len(controls) % 2 == 0 else -1))
     finally:
         ctl.stop()
     run = ctl.get_snapshots().runs[0]
