@@ -285,7 +285,7 @@ class _Slot:
 
     __slots__ = ("ident", "thread", "greenlets", "last_stack", "last_base", "last_marks", "last_wall_us",
                  "last_cpu_us", "slept_in", "ran", "ran_at", "runs", "switches", "places", "latest", "starts",
-                 "last_read")
+                 "last_read", "filed")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -316,6 +316,8 @@ class _Slot:
         # (frames, base, marks) of its last sample that came with frames: what a
         # SAME sample (the C thread read them again) shows
         self.last_read: Optional[tuple[bytes, int, tuple]] = None
+        # a sample of it was filed: the clocks above are that sample's, not zeros
+        self.filed = False
 
 
 def _remember_place(places: dict, rec: Any, place: tuple) -> None:
@@ -1203,6 +1205,7 @@ class NativeCollector(Steering):
         since_us, since_cpu_us = slot.last_wall_us, slot.last_cpu_us  # (read after the last sample)
         slot.last_stack, slot.last_base, slot.last_marks = sid, base, mid
         slot.last_wall_us, slot.last_cpu_us = wall_us, cpu_us
+        slot.filed = True
         running = greenlet if greenlet is not None or looked_up else self._greenlet_at(slot, base, wall_us, since_us)
         if slot.thread is not None:
             recorder = self.recorder
@@ -1257,7 +1260,13 @@ class NativeCollector(Steering):
 
     def _switched_since(self, slot: _Slot, wall_us: int) -> bool:
         """Whether the switch hook logged a greenlet switch of ``slot``'s thread since
-        its last sample and by ``wall_us``."""
+        its last sample and by ``wall_us``. Never for its first sample: there is no
+        interval before it to have been left. (Counted from the sampler's start, the
+        switch into a tracked greenlet, logged where another sampler's hook followed
+        the thread, put an idle marker before the greenlet's first sample: a CI run
+        on 3.12 found one in a greenlet that never yields.)"""
+        if not slot.filed:
+            return False
         log = self._switch_log(slot)
         if not log:
             return False

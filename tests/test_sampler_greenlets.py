@@ -115,6 +115,28 @@ def test_a_greenlet_tracked_before_it_starts_is_found_when_it_runs():
     assert all(snaps.stack_frames(s)[-1].name.endswith("never_yields") for s in snaps.sample_stack)
 
 
+def test_a_greenlet_tracked_beside_a_sampler_of_its_thread_is_never_found_switched_out():
+    """Another sampler following the thread puts a switch hook there, which logs the
+    switch into the greenlet: that switch comes before the greenlet's first sample,
+    not between two of its samples. (Taken for one, it put an idle marker first,
+    every time, on the native engine.)"""
+    def never_yields():
+        spin_until_sampled(ctl, 12)
+
+    whole_thread = create_sampler(threading.current_thread(), 0.05)
+    try:
+        g = greenlet.greenlet(never_yields)
+        ctl = create_sampler(g, 0.001)
+        g.switch()
+        ctl.stop()
+    finally:
+        whole_thread.stop()
+    snaps = ctl.get_snapshots()
+    assert len(snaps) > 10
+    stacks = [[f.name for f in snaps.stack_frames(s)] for s in snaps.sample_stack]
+    assert all(stack and stack[-1].endswith("never_yields") for stack in stacks), stacks[:3]
+
+
 def _work_in_a_greenlet_between_sleeps(work, rounds: int) -> None:
     """``rounds`` times: switch to a greenlet that runs ``work`` and switches back,
     then sleep 2 ms (the greenlet is left suspended, for the autouse fixture)."""
