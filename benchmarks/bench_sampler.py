@@ -38,6 +38,17 @@ from sampler.tracking import Tracker  # noqa: E402
 
 DEPTH = 50
 SETTLE = 0.02  # seconds between a resume (or not) and the block timed after it
+BLOCK_SECONDS = 0.25
+"""Seconds per block of a running cost: the native feeder's period between turns
+while every thread is sampled (``sampler.native_engine.REFRESH_STATIC``), so that
+each sampled block, whose samples are filed right after it, pays one turn's filing
+as a program does every that often. (A turn costs more than its samples: with one
+busy thread, 260-450 us a drain at 20-1 ms, of which 4 us a sample. Blocks of
+0.05 s paid five turns for the program's one: 5.1 ms a second of filing at 5 ms
+for 2.7 with blocks of 0.25 s, 7.7 for 4.8 at 1 ms; the median pair 1.012x for
+1.004x, 1.018x for 1.014x, same host, same hour.) The feeder's own turn, 0.25 s
+after the resume, also falls in the block: a block pays about two turns' fixed cost,
+~0.1% more than a program."""
 CONTROL_EVERY = 3  # sampled pairs per control pair (both blocks paused), interleaved: paired_cost
 
 
@@ -166,12 +177,14 @@ def paired_cost(block: Callable[[], float], delay: float, pairs: int, **options:
 
     A sampled block's time includes the filing of its own samples: the native
     engine files what its C thread took on the feeder's turns with the GIL, every
-    0.25 s or when its buffer is half full, and a block of 0.1 s, paused right
-    after, mostly ends before its turn comes (the turn then falls in the pause).
-    So the samples taken before the block are filed first, untimed, and those of
-    the block right after it, timed (:func:`_filer`). (Without it, a program
-    making 2,600 collections a second showed 1.002x at 5 ms while the feeder spent
-    31 ms a second of its time with the GIL filing them.)"""
+    0.25 s or when its buffer is half full, and a block paused right after it
+    can end before its turn comes (the turn then falls in the pause). So the
+    samples taken before the block are filed first, untimed, and those of the
+    block right after it, timed (:func:`_filer`). (Without it, a program making
+    2,600 collections a second showed 1.002x at 5 ms while the feeder spent 31 ms
+    a second of its time with the GIL filing them.) Blocks as long as the feeder's
+    period (:data:`BLOCK_SECONDS`) pay for that drain about as often as a program
+    does."""
     ctl = sampler.create_sampler(sampler.ALL_THREADS, delay, **options)
     ctl("pause")  # (pauses nest: each sampled block is a resume and a pause)
     filer = _filer(ctl)
@@ -359,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds, iterations, seconds = (3, 400_000, 0.5) if args.quick else (11, 2_000_000, 2.0)
-    pairs, block = (30, 0.1) if args.quick else (60, 0.2)
+    pairs, block = (20, BLOCK_SECONDS) if args.quick else (60, BLOCK_SECONDS)
     results = {
         "python": sys.version.split()[0],
         "slowdown": [slowdown(d, rounds, iterations) for d in (0.005, 0.001)],

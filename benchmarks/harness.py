@@ -794,8 +794,8 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
     (``bench_sampler.paired_cost``). Between fresh processes wall time differs by
     1-4% with no profiler at all, more than the 1% to resolve; within one process the
     pairs cancel that, but not the host's speed wandering from block to block: on the
-    shared AMD host one ratio of two unprofiled 0.1 s blocks spreads 12-15%, so 30
-    pairs resolve about 5% and 200 about 2%. What a run pays once (starting, the
+    shared AMD host one ratio of two unprofiled 0.25 s blocks spreads 8-10%, so 20
+    pairs resolve about 4% and 200 about 1.3%. What a run pays once (starting, the
     final drain) is not in it."""
     checks: list[dict] = []
     rows = [(engine, x) for engine, one in (micro or {}).items() for x in (one or {}).get("running_cost", [])]

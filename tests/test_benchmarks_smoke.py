@@ -398,6 +398,17 @@ def test_a_sampled_blocks_time_includes_the_filing_of_its_samples(monkeypatch):
         assert cost["filing_ms_per_s"] is None
 
 
+def test_a_running_costs_blocks_are_as_long_as_the_native_feeders_period():
+    """Each sampled block is filed right after it, timed: blocks shorter than the
+    feeder's period between turns would pay for more drains than a program does."""
+    pytest.importorskip("sampler._native")
+    from benchmarks import bench_running, bench_sampler
+    from sampler import native_engine
+
+    assert bench_sampler.BLOCK_SECONDS == native_engine.REFRESH_STATIC
+    assert {s["block_seconds"] for s in bench_running.SETTINGS.values()} == {native_engine.REFRESH_STATIC}
+
+
 def test_a_running_costs_noise_is_no_smaller_than_its_control_pairs(monkeypatch):
     """Pairs whose ratios happen to agree (1.03x and 1.04x in turn) beside control
     pairs, both blocks paused, that differ by a fifth (the host's own noise): the
