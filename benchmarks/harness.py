@@ -794,8 +794,8 @@ def judge_running_cost(micro: Optional[dict], per_workload: Optional[dict] = Non
     (``bench_sampler.paired_cost``). Between fresh processes wall time differs by
     1-4% with no profiler at all, more than the 1% to resolve; within one process the
     pairs cancel that, but not the host's speed wandering from block to block: on the
-    shared AMD host one ratio of two unprofiled 0.25 s blocks spreads 8-10%, so 20
-    pairs resolve about 4% and 200 about 1.3%. What a run pays once (starting, the
+    shared AMD host one ratio of two unprofiled 0.25 s blocks spreads 8-12%, so 20
+    pairs resolve about 5% and 200 about 1.5%. What a run pays once (starting, the
     final drain) is not in it."""
     checks: list[dict] = []
     rows = [(engine, x) for engine, one in (micro or {}).items() for x in (one or {}).get("running_cost", [])]
@@ -992,7 +992,7 @@ def workload_running_costs(python: str, flags: list[str], workloads: list[str], 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="short runs, 3 rounds (23-26 min on a shared 2-core machine)")
+    g.add_argument("--quick", action="store_true", help="short runs, 3 rounds (26-29 min on a shared 2-core machine)")
     g.add_argument("--smoke", action="store_true",
                    help="seconds: one tiny round (used by tests/test_benchmarks_smoke.py)")
     ap.add_argument("--workloads", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")

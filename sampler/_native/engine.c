@@ -2116,7 +2116,7 @@ static PyTypeObject EngineType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sampler._native.Engine",
     .tp_basicsize = sizeof(Engine),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Engine(delay, buffer_bytes=4 MiB, marks=False): a native collector thread.",
+    .tp_doc = "Engine(delay, buffer_bytes=8 MiB, marks=False): a native collector thread.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
