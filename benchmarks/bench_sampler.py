@@ -41,8 +41,8 @@ SETTLE = 0.02  # seconds between a resume (or not) and the block timed after it
 BLOCK_SECONDS = 0.25
 """Seconds per block of a running cost: the native feeder's period between turns
 while every thread is sampled (``sampler.native_engine.REFRESH_STATIC``), so that
-each sampled block, whose samples are filed right after it, pays one turn's filing
-as a program does every that often. (A turn costs more than its samples: with one
+each sampled block, whose samples are filed right after it, pays for one turn's
+filing, as a program pays for one each period. (A turn costs more than its samples: with one
 busy thread, 260-450 us a drain at 20-1 ms, of which 4 us a sample. Blocks of
 0.05 s paid five turns for the program's one: 5.1 ms a second of filing at 5 ms
 for 2.7 with blocks of 0.25 s, 7.7 for 4.8 at 1 ms; the median pair 1.012x for
