@@ -33,12 +33,11 @@ from typing import Callable, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.bench_sampler import BLOCK_SECONDS, paired_cost, sized  # noqa: E402
+from benchmarks.bench_sampler import RUNNING_COST_SETTINGS as SETTINGS  # noqa: E402
+from benchmarks.bench_sampler import paired_cost, sized  # noqa: E402
 from benchmarks.workloads import WORKLOADS, load  # noqa: E402
 
 DELAYS = (0.005, 0.001)
-SETTINGS = {"quick": {"pairs": 20, "block_seconds": BLOCK_SECONDS},
-            "full": {"pairs": 60, "block_seconds": BLOCK_SECONDS}}
 
 
 class GeventServerBlocks:
@@ -163,7 +162,8 @@ def _percent(x: Optional[float]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_running", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"20 pairs of {BLOCK_SECONDS:g} s blocks (else 60)")
+    parser.add_argument("--quick", action="store_true", help=f"{SETTINGS['quick']['pairs']} pairs of "
+                        f"{SETTINGS['quick']['block_seconds']:g} s blocks (else {SETTINGS['full']['pairs']})")
     parser.add_argument("--workloads", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
     parser.add_argument("--one", help="measure this one workload here (what each fresh process runs)")
     parser.add_argument("--pairs", type=int)

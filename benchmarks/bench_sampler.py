@@ -42,14 +42,18 @@ BLOCK_SECONDS = 0.25
 """Seconds per block of a running cost: the native feeder's period between turns
 while every thread is sampled (``sampler.native_engine.REFRESH_STATIC``), so that
 each sampled block, whose samples are filed right after it, pays for one turn's
-filing, as a program pays for one each period. (A turn costs more than its samples: with one
-busy thread, 260-450 us a drain at 20-1 ms, of which 4 us a sample. Blocks of
+filing, as a program pays for one each period. (A turn costs more than its
+samples: with one busy thread, 260-450 us a drain at 20-1 ms, of which 4 us a
+sample. Blocks of
 0.05 s paid five turns for the program's one: 5.1 ms a second of filing at 5 ms
 for 2.7 with blocks of 0.25 s, 7.7 for 4.8 at 1 ms; the median pair 1.012x for
 1.004x, 1.018x for 1.014x, same host, same hour.) The feeder's own turn, 0.25 s
 after the resume, also falls in the block: a block pays about two turns' fixed cost,
 ~0.1% more than a program."""
 CONTROL_EVERY = 3  # sampled pairs per control pair (both blocks paused), interleaved: paired_cost
+RUNNING_COST_SETTINGS = {"quick": {"pairs": 20, "block_seconds": BLOCK_SECONDS},
+                         "full": {"pairs": 60, "block_seconds": BLOCK_SECONDS}}
+"""Pairs and block length of a running cost, here and in ``bench_running.py``."""
 
 
 def _leaf(iterations: int) -> int:
@@ -372,7 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     rounds, iterations, seconds = (3, 400_000, 0.5) if args.quick else (11, 2_000_000, 2.0)
-    pairs, block = (20, BLOCK_SECONDS) if args.quick else (60, BLOCK_SECONDS)
+    running = RUNNING_COST_SETTINGS["quick" if args.quick else "full"]
+    pairs, block = running["pairs"], running["block_seconds"]
     results = {
         "python": sys.version.split()[0],
         "slowdown": [slowdown(d, rounds, iterations) for d in (0.005, 0.001)],
