@@ -5,7 +5,7 @@ counts the child processes the program starts, so that the report can say how ma
 ran unprofiled: audit events for ``os.fork``, ``subprocess``, ``os.posix_spawn`` and
 ``os.system``, and multiprocessing's ``spawn`` and ``forkserver`` launches, which
 raise no audit event of their own.  One child is one count: a ``subprocess.Popen``
-that starts its child through ``os.posix_spawn`` (3.13 does so) raises both events.
+that starts its child through ``os.posix_spawn`` (where it can) raises both events.
 
 With it, :class:`ChildProfiles` makes every child Python profile itself:
 
@@ -68,6 +68,44 @@ _HELPERS = ("from multiprocessing.forkserver import main",
 # ----------------------------------------------------------------------------------
 # Counting the children started
 # ----------------------------------------------------------------------------------
+class _ChildEvents:
+    """The audit events that start a child process, as properties of one object, so
+    that the audit hook can be ``functools.partial(getattr, _ChildEvents())``: for
+    every other event (``sys.setprofile``, ``open``, ``socket.connect``, one for each
+    ``sys._getframe`` ...) the hook is a failed attribute lookup in C with the event's
+    arguments as its default, and no Python code runs.
+
+    Why it must not run Python code: on 3.10 and 3.11 ``sys.setprofile`` and
+    ``sys.settrace`` raise their audit event while holding a flag shared by every
+    thread, and a Python hook lets the interpreter switch threads there; another
+    thread calling either function then got ``RuntimeError: Cannot install a profile
+    function while another profile function is being installed`` (a gevent
+    threadpool worker does so for each task while :class:`OtherThreads` is active:
+    the profiled server's request died).  Only an event below runs its property,
+    which cannot see the event's arguments."""
+
+    __slots__ = ()
+
+
+def _child_event(name: str) -> property:
+    """The property the audit hook finds for the child-starting event ``name``."""
+
+    def started(self: _ChildEvents) -> None:
+        active = ChildCounter._active
+        if active is None or os.getpid() != active.pid:
+            return
+        if name.startswith("os.posix_spawn"):
+            try:
+                caller = sys._getframe(1).f_globals.get("__name__")
+            except ValueError:  # (called from C with no Python frame under it)
+                caller = None
+            if caller == "subprocess":
+                return  # a Popen, counted at its own event, starts its child this way
+        active.count += 1
+
+    return property(started)
+
+
 class ChildCounter:
     """Counts the child processes the program starts while a run is active.
 
@@ -83,19 +121,6 @@ class ChildCounter:
     def __init__(self) -> None:
         self.count = 0
         self.pid = os.getpid()
-        self._popen = threading.local()  # the argv list of this thread's last Popen
-
-    @classmethod
-    def _hook(cls, event: str, args: Any) -> None:
-        active = cls._active
-        if active is None or event not in cls.EVENTS or os.getpid() != active.pid:
-            return
-        if event == "subprocess.Popen":
-            active._popen.argv = args[1]
-        elif event.startswith("os.posix_spawn") and args[1] is getattr(active._popen, "argv", None):
-            active._popen.argv = None
-            return  # the Popen just counted starts its child this way
-        active.count += 1
 
     @classmethod
     def note_launch(cls) -> None:
@@ -106,7 +131,7 @@ class ChildCounter:
 
     def __enter__(self) -> "ChildCounter":
         if not ChildCounter._hooked:
-            sys.addaudithook(ChildCounter._hook)
+            sys.addaudithook(functools.partial(getattr, _ChildEvents()))
             _watch_multiprocessing()
             ChildCounter._hooked = True
         self.pid = os.getpid()
@@ -121,6 +146,10 @@ class ChildCounter:
         """What the run's metadata records: the children that left no profile."""
         unprofiled = max(0, self.count - profiled)
         return {"child_processes": unprofiled} if unprofiled else {}
+
+
+for _event in ChildCounter.EVENTS:
+    setattr(_ChildEvents, _event, _child_event(_event))
 
 
 _LAUNCHERS = ("multiprocessing.popen_spawn_posix", "multiprocessing.popen_forkserver")

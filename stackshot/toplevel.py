@@ -368,7 +368,10 @@ class OtherThreads:
 
     def _hook(self, frame: Any, event: str, arg: Any) -> None:
         self._started.add(threading.get_ident())
-        sys.setprofile(None)  # one event per thread is all this needs
+        saved = self._saved  # (the program's own, e.g. another profiler's: it goes on)
+        sys.setprofile(saved)  # one event per thread is all this needs
+        if saved is not None:
+            saved(frame, event, arg)
 
     def __enter__(self) -> "OtherThreads":
         self._before = {t.ident: _thread_cpu(t.ident) for t in threading.enumerate()

@@ -329,6 +329,31 @@ def test_without_subprocesses_every_kind_of_child_is_counted_once(tmp_path):
     assert len({r.pid for r in Snapshots.load(saved).runs}) == 1
 
 
+
+def test_the_child_counter_counts_each_way_of_starting_a_child_once():
+    """Its audit hook sees each event's name, not its arguments: a Popen that starts
+    its child through os.posix_spawn raises two events and is one child."""
+    import os
+
+    from stackshot.children import ChildCounter
+
+    counts = []
+    with ChildCounter() as counter:
+        subprocess.run(["true"], check=True)
+        subprocess.run(["/bin/true"], check=True, close_fds=False)  # (os.posix_spawn's way, 3.8+)
+        counts.append(counter.count)
+        os.waitpid(os.posix_spawn("/bin/true", ["true"], os.environ), 0)
+        os.waitpid(os.posix_spawnp("true", ["true"], os.environ), 0)
+        os.system("true")
+        counts.append(counter.count)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        counts.append(counter.count)
+    os.system("true")  # (no counter active)
+    assert counts == [2, 5, 6] and counter.count == 6
+
 API_KIDS = SPIN_SAMPLED + """
 import multiprocessing, os, sys
 from stackshot import profile, profile_thunk

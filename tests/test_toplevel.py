@@ -418,6 +418,59 @@ def test_the_header_says_other_threads_ran_unsampled():
     assert "other thread" not in render_text(r.calls[0][0])
 
 
+def test_threads_installing_profile_functions_keep_working_while_profiled():
+    """On 3.10-3.11 ``sys.setprofile`` raises its audit event holding a flag that every
+    thread shares; stackshot's audit hook, a Python function, let another thread run
+    there, and that thread's own ``sys.setprofile`` raised ``RuntimeError`` (a gevent
+    threadpool worker's did for each task: the profiled server lost a request)."""
+    finished, stop = [], threading.Event()
+
+    def install_and_remove() -> None:
+        while not stop.is_set():
+            sys.setprofile(lambda *event: None)
+            sys.setprofile(None)
+        finished.append(threading.get_ident())  # (not reached when a thread's start or loop raised)
+
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (threads switch wherever the interpreter lets them)
+    try:
+        with profile(render=None):
+            threads = [threading.Thread(target=install_and_remove) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            stop.set()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(saved)
+    assert len(finished) == len(threads)
+
+
+def test_a_programs_own_thread_profile_function_still_sees_threads_started_while_profiled():
+    """The report counts threads started while only some are sampled with a
+    threading.setprofile hook of its own, which hands each thread on to the program's."""
+    seen = []
+
+    def programs_hook(frame, event, arg):
+        seen.append((threading.get_ident(), event, frame.f_code.co_name))
+
+    def work() -> None:
+        spin(0.01)
+
+    threading.setprofile(programs_hook)
+    try:
+        with profile(render=None) as p:
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+    finally:
+        threading.setprofile(None)
+    mine = [(event, name) for ident, event, name in seen if ident == t.ident]
+    assert ("call", "work") in mine and ("return", "work") in mine
+    assert p.snapshots.runs[0].extra.get("other_threads", 0) >= 1
+
+
 def test_use_errortrace_python_mode_reaches_the_sampler():
     # 'python' (Python frames only) is a mode of its own, not just "true"
     assert Profiler(use_errortrace="python", render=None).use_errortrace == "python"
