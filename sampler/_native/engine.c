@@ -618,6 +618,45 @@ static int callers_still_there(Engine *e, const ss_regions *r, int depth) {
     return 1;
 }
 
+#if PY_VERSION_HEX >= 0x030B0000
+/* Whether a top frame on the data stack that had not begun its body when it was read
+ * (its first instruction, or before it) was pushed whole then. A frame is pushed in
+ * two steps: its code and instruction pointer are written where the last frame was
+ * popped, and its caller link only right before the thread state names it. A top
+ * read while the popped frame was the thread's, and its bytes copied between the two
+ * steps of the next push there, mixed the new code with the old frame's caller: on
+ * 3.13, ['_gen_delegate', '_inner_gen'], its caller _outer_gen (a generator, above
+ * the data stack) lost, 1 sample in 1,814 of a CI run of the generators_run_from_c
+ * stress scenario read through /proc/self/mem (the frame popped there had been
+ * _outer_gen's own, made into its generator, called from _gen_delegate); 7-25 in
+ * 9,700 samples of a loop that does only that. So the frame is read again, then what
+ * the state names, then the frame once more: the state must still name the frame
+ * the walk began at (named: what it named then), and the frame hold the code and
+ * the link read both times. (The link read alone passed 1-3 samples in 9,700 of that
+ * loop: the next push there, from the same caller as the popped frame's.) No read
+ * that lets the thread run rules the race out: a loop that pushes a frame there
+ * every microsecond can be caught pushing in each read, the state naming the frame
+ * in between (1 run in 300-600 of the stress scenario generators_made_by_generators,
+ * about 2,000 samples a run, still has one such sample on 3.13; none in 600 runs on
+ * 3.11 and 3.12). A thread that has moved on since is read again, as every walk was
+ * before the top's lag was let be: samples at a function's first instruction are
+ * rare, but for a thread waiting there for the GIL, which stays. */
+static int unbegun_top_was_pushed(Engine *e, const ss_target *t, uintptr_t named, const ss_frame *top) {
+    uintptr_t now_named = 0;
+    char before[SS_FRAME_SIZE], after[SS_FRAME_SIZE];
+    void *dst[3] = {before, &now_named, after};
+    uintptr_t src[3] = {top->addr, ss_top_field(t->tstate, t->cframe), top->addr};
+    size_t len[3] = {sizeof before, sizeof now_named, sizeof after};
+    if (src[1] == 0) return 0;  /* (3.11-3.12: the C frame not known yet) */
+    if (ss_readv(&e->reader, dst, src, len, 3) != 3 || now_named != named) return 0;
+    ss_frame f;
+    ss_decode_frame(before, top->addr, &f);
+    if (f.code != top->code || f.previous != top->previous) return 0;
+    ss_decode_frame(after, top->addr, &f);
+    return f.code == top->code && f.previous == top->previous;
+}
+#endif
+
 /* Read the stack of target t into e->frames (innermost first). Returns the depth; -1
  * when the thread state could not be read or is no longer the thread's; -2 when the
  * stack changed under the walk (the caller reads again). Sets *base to the outermost
@@ -738,6 +777,9 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
      * when the state was read instead, those frames left out, once per walk
      * (read_without_top says why and what is filed). */
     int above_stack = 1, left_top = 0, base_generator = 0;
+#if PY_VERSION_HEX >= 0x030B0000
+    ss_frame unbegun_top = {0};  /* (see unbegun_top_was_pushed) */
+#endif
     for (;;) {
         if (addr == 0) {
 #if PY_VERSION_HEX >= 0x030B0000
@@ -814,6 +856,11 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             && (PY_VERSION_HEX >= 0x030C0000 || f.lasti <= 0))
             goto torn_above;
 #endif
+#if PY_VERSION_HEX >= 0x030B0000
+        if (!f.skip && depth == 0 && f.lasti <= 0 && chunk_of(&r, addr) >= 0) {
+            unbegun_top = f;
+        }
+#endif
         if (!f.skip) {
             if (depth < SS_MAX_DEPTH) {
                 e->frames[depth].code = f.code;
@@ -836,6 +883,7 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
             if (last != 0) {
                 left_top = e->walk_left_top = 1;
                 base_generator = 0;
+                unbegun_top.addr = 0;
                 depth = 0;
                 *base = 0;
                 *flags = 0;
@@ -851,6 +899,9 @@ static int walk(Engine *e, ss_target *t, uint64_t *base, uint32_t *flags) {
 #endif
         return -2;
     }
+#if PY_VERSION_HEX >= 0x030B0000
+    if (unbegun_top.addr != 0 && !unbegun_top_was_pushed(e, t, view.top, &unbegun_top)) return -2;
+#endif
     if (mono_ns() - began > SS_SLOW_WALK_NS + (int64_t)steps * SS_SLOW_WALK_FRAME_NS) {
         e->slow_walks++;
         if (!callers_still_there(e, &r, depth)) {
