@@ -381,7 +381,8 @@ class OtherThreads:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        threading.setprofile(self._saved)
+        if not hasattr(threading, "getprofile") or threading.getprofile() == self._hook:
+            threading.setprofile(self._saved)  # (one the program set meanwhile stays)
         self.counted = self._count()
 
     counted = 0

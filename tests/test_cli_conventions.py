@@ -329,7 +329,6 @@ def test_without_subprocesses_every_kind_of_child_is_counted_once(tmp_path):
     assert len({r.pid for r in Snapshots.load(saved).runs}) == 1
 
 
-
 def test_the_child_counter_counts_each_way_of_starting_a_child_once():
     """Its audit hook sees each event's name, not its arguments: a Popen that starts
     its child through os.posix_spawn raises two events and is one child."""
@@ -353,6 +352,7 @@ def test_the_child_counter_counts_each_way_of_starting_a_child_once():
         counts.append(counter.count)
     os.system("true")  # (no counter active)
     assert counts == [2, 5, 6] and counter.count == 6
+
 
 API_KIDS = SPIN_SAMPLED + """
 import multiprocessing, os, sys

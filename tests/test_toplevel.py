@@ -471,6 +471,18 @@ def test_a_programs_own_thread_profile_function_still_sees_threads_started_while
     assert p.snapshots.runs[0].extra.get("other_threads", 0) >= 1
 
 
+def test_a_thread_profile_function_the_program_sets_while_profiled_stays_set():
+    def programs_hook(frame, event, arg):
+        pass
+
+    try:
+        with profile(render=None):
+            threading.setprofile(programs_hook)
+        assert threading.getprofile() is programs_hook
+    finally:
+        threading.setprofile(None)
+
+
 def test_use_errortrace_python_mode_reaches_the_sampler():
     # 'python' (Python frames only) is a mode of its own, not just "true"
     assert Profiler(use_errortrace="python", render=None).use_errortrace == "python"
