@@ -992,7 +992,7 @@ def workload_running_costs(python: str, flags: list[str], workloads: list[str], 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="short runs, 3 rounds (26-29 min on a shared 2-core machine)")
+    g.add_argument("--quick", action="store_true", help="short runs, 3 rounds (26 min on a shared 2-core machine)")
     g.add_argument("--smoke", action="store_true",
                    help="seconds: one tiny round (used by tests/test_benchmarks_smoke.py)")
     ap.add_argument("--workloads", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
