@@ -376,12 +376,12 @@ class OtherThreads:
     def __enter__(self) -> "OtherThreads":
         self._before = {t.ident: _thread_cpu(t.ident) for t in threading.enumerate()
                         if t.ident is not None and t.ident not in self._tracked}
-        self._saved = threading.getprofile() if hasattr(threading, "getprofile") else None
+        self._saved = threading.getprofile()
         threading.setprofile(self._hook)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not hasattr(threading, "getprofile") or threading.getprofile() == self._hook:
+        if threading.getprofile() == self._hook:
             threading.setprofile(self._saved)  # (one the program set meanwhile stays)
         self.counted = self._count()
 

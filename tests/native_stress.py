@@ -479,10 +479,20 @@ def two_call_chains() -> str:
             _narrow_call(3)
 
     snaps, n = _sampled_loop(alternate)
-    bad = [names for names, below in _below(snaps, "alternate")
-           if below is None or not any(below == list(chain[:len(below)]) for chain in CHAINS)]
+    bad = _off_chains(snaps, "alternate", CHAINS)
     assert not bad, f"{len(bad)} of {n} samples are no stack the program had: {bad[:3]}"
     return f"{n} samples"
+
+
+def _prefix_of_one(names: list, chains) -> bool:
+    """Whether ``names`` is the start of one of ``chains``."""
+    return any(names == list(chain[:len(names)]) for chain in chains)
+
+
+def _off_chains(snaps: sampler.Snapshots, loop: str, chains) -> list:
+    """The samples (function names) whose frames below ``loop`` are no prefix of one
+    of ``chains``, or that are outside it."""
+    return [names for names, below in _below(snaps, loop) if below is None or not _prefix_of_one(below, chains)]
 
 
 def _at_most_one_mixed_read(bad: list, n: int) -> None:
@@ -540,10 +550,6 @@ def generators_run_from_c() -> str:
 
     snaps, n = _sampled_loop(run_generators)
     bad, lagged = [], 0
-
-    def prefix(names: list) -> bool:
-        return any(names == list(chain[:len(names)]) for chain in GENERATOR_CHAINS)
-
     for names, below in _below(snaps, "run_generators"):
         if below is None:
             bad.append(names)
@@ -552,15 +558,15 @@ def generators_run_from_c() -> str:
         while calls and calls[-1] in GENERATORS:
             calls.pop()
         generators = below[len(calls):]  # (on top: whole from the outermost one, or none)
-        if generators not in ([], ["<genexpr>"], ["_outer_gen"], ["_outer_gen", "_inner_gen"]) or not prefix(calls):
+        if (generators not in ([], ["<genexpr>"], ["_outer_gen"], ["_outer_gen", "_inner_gen"])
+                or not _prefix_of_one(calls, GENERATOR_CHAINS)):
             bad.append(names)
-        elif not prefix(below):
+        elif not _prefix_of_one(below, GENERATOR_CHAINS):
             lagged += 1  # (the lag at the top)
     _at_most_one_mixed_read(bad, n)
     left_out = snaps.runs[-1].extra.get("tops_left_out")
     return (f"{n} samples, {lagged} with generators that had ended on top"
             + (f", {left_out} without their generators" if left_out is not None else ""))
-
 
 
 def _made_first():
@@ -587,11 +593,9 @@ def generators_made_by_generators() -> str:
                     pass
 
     snaps, n = _sampled_loop(make_generators)
-    chains = (("_made_first", "_made_second"), ("is_set",))
-    bad = [names for names, below in _below(snaps, "make_generators")
-           if below is None or not any(below == list(chain[:len(below)]) for chain in chains)]
-    _at_most_one_mixed_read(bad, n)
+    _at_most_one_mixed_read(_off_chains(snaps, "make_generators", (("_made_first", "_made_second"), ("is_set",))), n)
     return f"{n} samples"
+
 
 SCENARIOS = {f.__name__: f for f in (
     threads_churn, deep_oscillation, generators_and_coroutines, exceptions_unwinding,
